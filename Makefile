@@ -1,0 +1,53 @@
+# The quick start is `make demo` and `make test`; both bootstrap everything they need.
+SHELL := /bin/bash
+PYTHON_BOOT ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.knittrans-installed
+EXTRAS := admission,reorg,train,ray,mooncake,dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SYSTEM_PACKAGES := redis-server libibverbs1 prometheus
+PROTO_OUT := clients/python
+
+.PHONY: demo test bench proto lint venv sysdeps clean
+
+venv: $(STAMP)
+
+# torch is installed first and pinned, so nothing afterwards can pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+sysdeps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	ldconfig -p | grep -q libibverbs.so.1 || missing="$$missing libibverbs1"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	fi
+
+demo: sysdeps venv
+	$(VENV)/bin/knittrans demo
+
+test: sysdeps venv
+	$(PY) -m pytest -q
+
+bench: sysdeps venv
+	@set -e; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+
+proto: venv
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
+	  --grpc_python_out=$(PROTO_OUT) proto/knittrans/v1/*.proto
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/buf lint
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache

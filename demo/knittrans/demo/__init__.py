@@ -1,0 +1,1 @@
+"""The KnitTrans demo: orchestrates every part on one machine."""

@@ -1,0 +1,1 @@
+"""KnitTrans admission service: engine (pure), planning (pure), service shell, replay and simulator."""

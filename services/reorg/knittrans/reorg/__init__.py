@@ -1,0 +1,1 @@
+"""KnitTrans reorg sidecar: packing (pure), shared-memory ring and the sidecar service."""
