@@ -1,0 +1,3 @@
+"""Shared pytest configuration. Fixture modules that start real servers live in tests/fixtures/."""
+
+pytest_plugins: list[str] = []
