@@ -233,6 +233,7 @@ class MultimodalRef:
     cost: float
     placeholder: TokenSpan
     kind: UnitKind = UnitKind.IMAGE
+    header: UnitHeader | None = None  # the stored bytes (pixels or frames); encoder sidecars read them
 
     def __post_init__(self) -> None:
         check_id(self.key, "key")
