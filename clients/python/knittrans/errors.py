@@ -10,6 +10,9 @@ from typing import ClassVar
 
 import grpc
 
+# The trailing-metadata key that carries the offending field of an InvalidArgument across the wire.
+FIELD_TRAILER = "knittrans-field"
+
 
 class KnitTransError(Exception):
     """Base of every error KnitTrans raises on purpose."""

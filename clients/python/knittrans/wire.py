@@ -180,7 +180,9 @@ def topology_to_proto(topology: Topology) -> topology_pb2.Topology:
             pad_multiple=backbone.pad_multiple,
         ),
         encoders=[
-            topology_pb2.EncoderTopology(name=e.name, dp=e.dp, tp=e.tp, max_cost_per_microbatch=e.max_cost_per_microbatch)
+            topology_pb2.EncoderTopology(
+                name=e.name, dp=e.dp, tp=e.tp, max_cost_per_microbatch=e.max_cost_per_microbatch
+            )
             for e in topology.encoders
         ],
     )

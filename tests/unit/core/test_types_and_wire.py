@@ -5,7 +5,6 @@ import hashlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from knittrans.errors import InvalidArgument
 from knittrans.types import (
     BackboneTopology,

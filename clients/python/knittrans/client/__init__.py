@@ -1,0 +1,1 @@
+"""gRPC clients of the KnitTrans services (light: grpcio and protobuf only)."""

@@ -1,0 +1,148 @@
+"""The single server boundary: bearer-token check, RPC latency metrics and error translation.
+
+Every KnitTrans server installs exactly one :class:`BoundaryInterceptor`. Handlers raise
+:class:`~knittrans.errors.KnitTransError` subclasses; this is the one place that turns them into gRPC
+statuses (with the offending field in the ``knittrans-field`` trailer) so no handler touches status codes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+from knittrans.errors import FIELD_TRAILER, KnitTransError
+from knittrans.serving.security import HEALTH_SERVICE_PREFIX, token_matches
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class RpcMetrics:
+    """Per-server RPC metrics, registered on the server's own registry (no process-global state)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.latency = Histogram(
+            "knittrans_rpc_latency_seconds", "Server-side RPC latency.", ["service", "method"],
+            registry=registry, buckets=LATENCY_BUCKETS,
+        )
+        self.errors = Counter(
+            "knittrans_rpc_errors_total", "RPCs that ended with a non-OK status.", ["service", "method", "code"],
+            registry=registry,
+        )
+
+
+def _split_method(full_method: str) -> tuple[str, str]:
+    service, _, method = full_method.lstrip("/").rpartition("/")
+    return service, method
+
+
+class BoundaryInterceptor(aio.ServerInterceptor):
+    def __init__(self, *, token: str, metrics: RpcMetrics) -> None:
+        self._token = token
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:  # unknown method: let gRPC answer UNIMPLEMENTED, and keep metric labels bounded
+            return handler
+        method = handler_call_details.method
+        needs_token = bool(self._token) and not method.startswith(HEALTH_SERVICE_PREFIX)
+        authorised = not needs_token or token_matches(handler_call_details.invocation_metadata, self._token)
+        return _wrap(handler, method, authorised, self._metrics)
+
+
+def _wrap(
+    handler: grpc.RpcMethodHandler, method: str, authorised: bool, metrics: RpcMetrics
+) -> grpc.RpcMethodHandler:
+    service, name = _split_method(method)
+    latency = metrics.latency.labels(service, name)
+
+    def record(started: float, code: grpc.StatusCode) -> None:
+        latency.observe(time.perf_counter() - started)
+        if code is not grpc.StatusCode.OK:
+            metrics.errors.labels(service, name, code.name).inc()
+
+    async def fail(context: aio.ServicerContext, exc: BaseException) -> grpc.StatusCode:
+        if isinstance(exc, KnitTransError):
+            trailer = ((FIELD_TRAILER, exc.field),) if exc.field else ()
+            context.set_trailing_metadata(trailer)
+            context.set_code(exc.status_code)
+            context.set_details(str(exc))
+            return exc.status_code
+        logger.exception("unhandled error in %s", method)
+        context.set_code(grpc.StatusCode.INTERNAL)
+        context.set_details("internal error; see the server log")
+        return grpc.StatusCode.INTERNAL
+
+    def deny(context: aio.ServicerContext) -> grpc.StatusCode:
+        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+        context.set_details("missing or wrong bearer token")
+        return grpc.StatusCode.UNAUTHENTICATED
+
+    def final_code(context: aio.ServicerContext) -> grpc.StatusCode:
+        code = context.code()
+        return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.OK
+
+    if not handler.response_streaming:
+        inner: Callable[..., Awaitable[Any]] = (
+            handler.stream_unary if handler.request_streaming else handler.unary_unary
+        )
+
+        async def unary_response(request: Any, context: aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            if not authorised:
+                record(started, deny(context))
+                return None
+            try:
+                response = await inner(request, context)
+            except aio.AbortError:
+                record(started, final_code(context))
+                raise
+            except Exception as exc:  # the boundary: everything becomes a status
+                record(started, await fail(context, exc))
+                return None
+            record(started, final_code(context))
+            return response
+
+        factory = (
+            grpc.stream_unary_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
+        )
+        return factory(unary_response, handler.request_deserializer, handler.response_serializer)
+
+    inner_stream = handler.stream_stream if handler.request_streaming else handler.unary_stream
+
+    async def stream_response(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        started = time.perf_counter()
+        if not authorised:
+            record(started, deny(context))
+            return
+        try:
+            produced = inner_stream(request, context)
+            if inspect.isasyncgen(produced):
+                async for item in produced:
+                    yield item
+            else:
+                await produced
+        except aio.AbortError:
+            record(started, final_code(context))
+            raise
+        except Exception as exc:
+            record(started, await fail(context, exc))
+            return
+        record(started, final_code(context))
+
+    factory = (
+        grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_stream_rpc_method_handler
+    )
+    return factory(stream_response, handler.request_deserializer, handler.response_serializer)

@@ -1,0 +1,109 @@
+"""Start and stop a KnitTrans gRPC server: health, reflection, the boundary interceptor, /metrics, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from knittrans.errors import Unavailable
+from knittrans.serving.interceptor import BoundaryInterceptor, RpcMetrics
+from knittrans.serving.security import expected_token, server_credentials
+from knittrans.serving.settings import ServerSettings
+from prometheus_client import CollectorRegistry, start_http_server
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE_OPTIONS = (
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+)
+
+
+@dataclass
+class RunningServer:
+    server: aio.Server
+    address: str  # what a client dials: "127.0.0.1:PORT" or "unix:PATH"
+    metrics_port: int | None
+    health: health.aio.HealthServicer
+    registry: CollectorRegistry
+    _metrics_http: Any = None
+
+    @property
+    def metrics_url(self) -> str | None:
+        return None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        if self._metrics_http is not None:
+            http_server, thread = self._metrics_http
+            http_server.shutdown()
+            http_server.server_close()
+            thread.join(timeout=5)
+
+
+async def start_server(
+    settings: ServerSettings,
+    *,
+    add_services: Callable[[aio.Server], Sequence[str]],
+    registry: CollectorRegistry,
+) -> RunningServer:
+    """Build and start a server. ``add_services`` registers servicers and returns their full names."""
+    interceptor = BoundaryInterceptor(token=expected_token(settings.auth), metrics=RpcMetrics(registry))
+    options = [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        *KEEPALIVE_OPTIONS,
+    ]
+    server = aio.server(interceptors=[interceptor], options=options)
+    service_names = list(add_services(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    target = f"unix:{settings.unix_socket}" if settings.unix_socket else f"{settings.host}:{settings.port}"
+    credentials = server_credentials(settings.tls)
+    try:
+        port = server.add_secure_port(target, credentials) if credentials else server.add_insecure_port(target)
+    except RuntimeError as exc:
+        raise Unavailable(f"cannot listen on {target}: {exc}") from exc
+    await server.start()
+    for name in ("", *service_names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    address = target if settings.unix_socket else f"{settings.host}:{port}"
+    metrics_http = None
+    metrics_port = None
+    if settings.metrics.port >= 0:
+        metrics_http = start_http_server(settings.metrics.port, addr=settings.metrics.host, registry=registry)
+        metrics_port = metrics_http[0].server_port
+    logger.info("listening on %s (tls=%s, metrics port %s)", address, settings.tls.enabled, metrics_port)
+    return RunningServer(
+        server=server, address=address, metrics_port=metrics_port, health=health_servicer, registry=registry,
+        _metrics_http=metrics_http,
+    )
+
+
+def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
+    """Run ``main(stop_event)`` on uvloop; SIGTERM and SIGINT set the event for a graceful shutdown."""
+    import uvloop
+
+    async def runner() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        return await main(stop)
+
+    return uvloop.run(runner())
+
+
