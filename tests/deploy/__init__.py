@@ -1,0 +1,1 @@
+"""Offline checks of deploy/: the image, the Kubernetes manifests, the Prometheus rules and the dashboard."""
