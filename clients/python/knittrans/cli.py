@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
                 if prefix not in parsers:
                     parsers[prefix] = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
                 groups[prefix] = parsers[prefix].add_subparsers(dest=f"command_{depth}", metavar="COMMAND")
-        register = entry.load()
+        try:
+            register = entry.load()
+        except ImportError as exc:  # a part installed without its extra must not break the other commands
+            logger.warning("command %r is unavailable: %s", entry.name, exc)
+            continue
         summary = (register.__doc__ or "").strip().splitlines()
         sub = groups[path[:-1]].add_parser(path[-1], help=summary[0] if summary else None)
         sub.set_defaults(_runner=register(sub))

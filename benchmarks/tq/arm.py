@@ -1,0 +1,303 @@
+"""The TransferQueue (sample-level storage) arms: writing the step, running it, measuring it.
+
+Entered through ``benchmarks/transferqueue_arm.py``, which prepares the process environment first.
+
+One step, per layout (see ``tq/layout.py``):
+
+- ``a``: each of the dp*tp*cp ranks reads whole rows (token fields and images) of its DP group's
+  trajectories.
+- ``b``: each rank reads the token fields of its DP group's trajectories; the TP-rank-0/CP-rank-0 rank of each
+  DP group also reads the images of the prompts its group needs, once each, and redistributes them to the
+  other ranks of the group (a real loopback transfer, timed and counted).
+- ``b-tp-shared`` (not in the issue; on request): like ``b``, but only TP rank 0 of each (DP, CP) pair reads
+  the token fields and redistributes them to its TP peers.
+
+The ranks' reads run in a pool of ``reader_concurrency`` reader processes, each with its own TransferQueue
+client and one read at a time (``tq/reader_pool.py``); the ranks themselves are tasks of this process, which
+also writes the step and simulates compute. A rank issues its reads in order. A DP group starts its
+micro-batches when all its ranks hold their data (TP/CP collectives need every rank), so its data wait is that
+of its slowest rank; its compute is one simulated sleep per micro-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import transfer_queue as tq
+from transfer_workload import (
+    DpAssignment,
+    MicroBatch,
+    RankCoord,
+    StepMeasurement,
+    Workload,
+    WorkloadConfig,
+    add_workload_arguments,
+    arm_report,
+    assign_dp,
+    build_workload,
+    compute_seconds,
+    config_from_arguments,
+    describe,
+    plan_micro_batches,
+)
+
+from tq.layout import IMAGE_PARTITION, IMAGES_FIELD, TRAJECTORY_PARTITION, Layout, StoredStep, clear_step, write_step
+from tq.reader_pool import ReaderPool, ReadOutcome, ReadRequest
+from tq.runtime import loopback_transferqueue
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupOutcome:
+    data_wait_s: float
+    compute_s: float
+    bytes_moved_from_storage: int
+    redistribution_bytes: int
+    redistribution_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPlan:
+    workload: Workload
+    assignment: DpAssignment
+    micro_batches: tuple[tuple[MicroBatch, ...], ...]
+
+
+def rank_reads(plan: StepPlan, stored: StoredStep, rank: RankCoord) -> tuple[ReadRequest, ...]:
+    """The reads one rank performs in a step of ``stored.layout``, in order."""
+    workload = plan.workload
+    config = workload.config
+    layout = stored.layout
+    trajectories = plan.assignment.groups[rank.dp]
+    requests: list[ReadRequest] = []
+    if layout is not Layout.IMAGES_ONCE_TP_SHARED or rank.tp == 0:
+        tp_shared = layout is Layout.IMAGES_ONCE_TP_SHARED
+        rows = tuple(stored.rows[i] for i in trajectories)
+        requests.append(
+            ReadRequest(
+                keys=tuple(row.key for row in rows),
+                partition=TRAJECTORY_PARTITION,
+                fields=tuple(stored.row_fields),
+                rows=rows,
+                routing_width=config.routing_width,
+                forward_fields=stored.token_fields if tp_shared else (),
+                forward_peers=config.tp - 1 if tp_shared else 0,
+            )
+        )
+    if not layout.rows_carry_images and rank.reads_non_sequence_data and stored.images:
+        entries = tuple(stored.images[p] for p in sorted({workload.prompt_of(i) for i in trajectories}))
+        requests.append(
+            ReadRequest(
+                keys=tuple(entry.key for entry in entries),
+                partition=IMAGE_PARTITION,
+                fields=(IMAGES_FIELD,),
+                images=entries,
+                forward_fields=(IMAGES_FIELD,),
+                forward_peers=len(config.topology.ranks_of_dp_group(rank.dp)) - 1,
+            )
+        )
+    return tuple(requests)
+
+
+class SampleLevelStep:
+    """Runs steps of one layout against the rows :func:`tq.layout.write_step` stored."""
+
+    def __init__(self, plan: StepPlan, stored: StoredStep, readers: ReaderPool) -> None:
+        self._plan = plan
+        self._stored = stored
+        self._readers = readers
+
+    async def run(self) -> StepMeasurement:
+        started = time.monotonic()
+        config = self._plan.workload.config
+        outcomes = await asyncio.gather(*(self._run_dp_group(dp_rank, started) for dp_rank in range(config.dp)))
+        step_s = time.monotonic() - started
+        return StepMeasurement(
+            step_s=step_s,
+            data_wait_s=tuple(outcome.data_wait_s for outcome in outcomes),
+            compute_s=tuple(outcome.compute_s for outcome in outcomes),
+            bytes_moved_from_storage=sum(outcome.bytes_moved_from_storage for outcome in outcomes),
+            redistribution_bytes=sum(outcome.redistribution_bytes for outcome in outcomes),
+            redistribution_s=tuple(outcome.redistribution_s for outcome in outcomes),
+        )
+
+    async def _run_dp_group(self, dp_rank: int, started: float) -> GroupOutcome:
+        config = self._plan.workload.config
+        ranks = config.topology.ranks_of_dp_group(dp_rank)
+        per_rank = await asyncio.gather(*(self._read_rank(rank) for rank in ranks))
+        outcomes = [outcome for rank_outcomes in per_rank for outcome in rank_outcomes]
+        # A rank that reads nothing (b-tp-shared, TP rank 1) is ready when its peer's forwarding is done.
+        data_wait_s = max(outcome.ready_at for outcome in outcomes) - started
+        compute_s = 0.0
+        for micro_batch in self._plan.micro_batches[dp_rank]:
+            slept_from = time.monotonic()
+            await asyncio.sleep(compute_seconds(config, micro_batch))
+            compute_s += time.monotonic() - slept_from
+        return GroupOutcome(
+            data_wait_s=data_wait_s,
+            compute_s=compute_s,
+            bytes_moved_from_storage=sum(outcome.bytes_moved_from_storage for outcome in outcomes),
+            redistribution_bytes=sum(outcome.redistribution_bytes for outcome in outcomes),
+            redistribution_s=max(outcome.redistribution_s for outcome in outcomes),
+        )
+
+    async def _read_rank(self, rank: RankCoord) -> list[ReadOutcome]:
+        return [await self._readers.read(request) for request in rank_reads(self._plan, self._stored, rank)]
+
+
+def expected_bytes_moved(plan: StepPlan, layout: Layout) -> int:
+    """What the layout's read rules move out of storage per step, computed from the workload alone."""
+    workload = plan.workload
+    config = workload.config
+    total = 0
+    for group in plan.assignment.groups:
+        token_bytes = sum(workload.trajectory_token_bytes(i) for i in group)
+        row_image_bytes = len(group) * workload.prompt_image_bytes() if layout.rows_carry_images else 0
+        token_readers = config.cp if layout is Layout.IMAGES_ONCE_TP_SHARED else config.tp * config.cp
+        total += token_readers * token_bytes + config.tp * config.cp * row_image_bytes
+        if not layout.rows_carry_images:
+            total += len({workload.prompt_of(i) for i in group}) * workload.prompt_image_bytes()
+    return total
+
+
+async def run_layout(
+    plan: StepPlan, layout: Layout, readers: ReaderPool, *, warmup_steps: int, steps: int
+) -> dict[str, Any]:
+    config = plan.workload.config
+    logger.info("[%s] writing %d trajectories", layout.arm_name, plan.workload.num_trajectories)
+    stored = await write_step(plan.workload, layout)
+    logger.info("[%s] written in %.1f s", layout.arm_name, stored.write_s)
+    runner = SampleLevelStep(plan, stored, readers)
+    measured: list[StepMeasurement] = []
+    try:
+        for step in range(warmup_steps + steps):
+            measurement = await runner.run()
+            kind = "warm-up" if step < warmup_steps else "measured"
+            logger.info(
+                "[%s] step %d (%s): %.2f s, exposed transfer %.2f s, %.1f MB moved",
+                layout.arm_name,
+                step,
+                kind,
+                measurement.step_s,
+                measurement.exposed_transfer_s,
+                measurement.bytes_moved_from_storage / 1e6,
+            )
+            if step >= warmup_steps:
+                measured.append(measurement)
+    finally:
+        await clear_step(stored)
+    expected = expected_bytes_moved(plan, layout)
+    if any(m.bytes_moved_from_storage != expected for m in measured):
+        raise RuntimeError(f"{layout.arm_name}: bytes moved differ from the layout's read rules ({expected})")
+    return arm_report(
+        arm=layout.arm_name,
+        workload=plan.workload,
+        steps=measured,
+        details={
+            "layout": layout.value,
+            "write_s": stored.write_s,
+            "reader_concurrency": config.reader_concurrency,
+            "readers": _describe_readers(layout),
+        },
+    )
+
+
+def _describe_readers(layout: Layout) -> str:
+    return {
+        Layout.ROWS_WITH_IMAGES: "every rank reads whole rows (token fields + images) of its DP group",
+        Layout.IMAGES_ONCE: (
+            "every rank reads the token fields of its DP group; TP0/CP0 of each DP group reads its prompts' "
+            "images once and sends them to the other ranks of the group"
+        ),
+        Layout.IMAGES_ONCE_TP_SHARED: (
+            "TP0 of each (DP, CP) reads the token fields and sends them to its TP peers; TP0/CP0 of each DP "
+            "group reads its prompts' images once and sends them to the other ranks of the group"
+        ),
+    }[layout]
+
+
+async def run_all(
+    config: WorkloadConfig, *, layouts: Sequence[Layout], warmup_steps: int, steps: int, storage_units: int
+) -> dict[str, Any]:
+    workload = build_workload(config)
+    assignment = assign_dp(workload)
+    plan = StepPlan(workload=workload, assignment=assignment, micro_batches=plan_micro_batches(workload, assignment))
+    started = time.perf_counter()
+    arms = []
+    with loopback_transferqueue(storage_units=storage_units) as tq_config:
+        readers = ReaderPool(
+            processes=config.reader_concurrency,
+            controller_info=tq_config.controller.zmq_info,
+            storage_config=tq_config.backend.SimpleStorage,
+        )
+        try:
+            started_readers = await readers.warm_up()
+            logger.info("%d reader processes ready", started_readers)
+            setup_s = time.perf_counter() - started
+            for layout in layouts:
+                arms.append(await run_layout(plan, layout, readers, warmup_steps=warmup_steps, steps=steps))
+        finally:
+            readers.close()
+    return {
+        "benchmark": "transfer: TransferQueue (sample-level) arms",
+        "transferqueue_version": tq.__version__,
+        "storage_backend": "SimpleStorage (in-memory, loopback ZMQ)",
+        "storage_units": storage_units,
+        "reader_concurrency": config.reader_concurrency,
+        "warmup_steps": warmup_steps,
+        "measured_steps": steps,
+        "setup_s": setup_s,
+        "workload": describe(workload),
+        "arms": arms,
+    }
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_arguments(parser)
+    parser.add_argument("--workload-json", help="the whole workload config as JSON (overrides workload flags)")
+    parser.add_argument("--layouts", default="a,b", help="comma-separated: a, b, b-tp-shared (default a,b)")
+    parser.add_argument("--warmup-steps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2, help="measured steps after warm-up")
+    parser.add_argument("--storage-units", type=int, default=2, help="SimpleStorage units (TransferQueue default 2)")
+    parser.add_argument("--output", type=Path, help="write the JSON here instead of stdout")
+    parser.add_argument("--tq-log-level", default="ERROR", help="TransferQueue's log level (read at start-up)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    if arguments.workload_json:
+        config = WorkloadConfig.from_dict(json.loads(arguments.workload_json))
+    else:
+        config = config_from_arguments(arguments)
+    try:
+        layouts = [Layout(name.strip()) for name in arguments.layouts.split(",") if name.strip()]
+    except ValueError as error:
+        raise SystemExit(f"--layouts: {error}") from None
+    if arguments.steps < 1 or arguments.warmup_steps < 0 or arguments.storage_units < 1:
+        raise SystemExit("--steps and --storage-units must be >= 1, --warmup-steps >= 0")
+    result = asyncio.run(
+        run_all(
+            config,
+            layouts=layouts,
+            warmup_steps=arguments.warmup_steps,
+            steps=arguments.steps,
+            storage_units=arguments.storage_units,
+        )
+    )
+    document = json.dumps(result, indent=2)
+    if arguments.output:
+        arguments.output.write_text(document + "\n")
+    else:
+        print(document)
+    return 0

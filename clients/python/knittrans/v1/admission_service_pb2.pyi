@@ -1,0 +1,192 @@
+from knittrans.v1 import admission_pb2 as _admission_pb2
+from knittrans.v1 import plan_pb2 as _plan_pb2
+from knittrans.v1 import topology_pb2 as _topology_pb2
+from knittrans.v1 import trajectory_pb2 as _trajectory_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReportOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPORT_OUTCOME_UNSPECIFIED: _ClassVar[ReportOutcome]
+    REPORT_OUTCOME_ACCEPTED: _ClassVar[ReportOutcome]
+    REPORT_OUTCOME_DUPLICATE: _ClassVar[ReportOutcome]
+    REPORT_OUTCOME_CONFLICT: _ClassVar[ReportOutcome]
+
+class ProgressStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROGRESS_STAGE_UNSPECIFIED: _ClassVar[ProgressStage]
+    PROGRESS_STAGE_DELIVERED: _ClassVar[ProgressStage]
+    PROGRESS_STAGE_OPTIMIZER_STEP: _ClassVar[ProgressStage]
+REPORT_OUTCOME_UNSPECIFIED: ReportOutcome
+REPORT_OUTCOME_ACCEPTED: ReportOutcome
+REPORT_OUTCOME_DUPLICATE: ReportOutcome
+REPORT_OUTCOME_CONFLICT: ReportOutcome
+PROGRESS_STAGE_UNSPECIFIED: ProgressStage
+PROGRESS_STAGE_DELIVERED: ProgressStage
+PROGRESS_STAGE_OPTIMIZER_STEP: ProgressStage
+
+class ReportTrajectoriesRequest(_message.Message):
+    __slots__ = ("request_id", "trajectories")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    trajectories: _containers.RepeatedCompositeFieldContainer[_trajectory_pb2.TrajectoryMetadata]
+    def __init__(self, request_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[_trajectory_pb2.TrajectoryMetadata, _Mapping]]] = ...) -> None: ...
+
+class TrajectoryReportResult(_message.Message):
+    __slots__ = ("trajectory_id", "outcome", "reason")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    outcome: ReportOutcome
+    reason: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., outcome: _Optional[_Union[ReportOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportTrajectoriesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TrajectoryReportResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TrajectoryReportResult, _Mapping]]] = ...) -> None: ...
+
+class ReportScheduledRequest(_message.Message):
+    __slots__ = ("request_id", "rollout_step", "count")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_STEP_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    rollout_step: int
+    count: int
+    def __init__(self, request_id: _Optional[str] = ..., rollout_step: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ReportScheduledResponse(_message.Message):
+    __slots__ = ("total_scheduled",)
+    TOTAL_SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    total_scheduled: int
+    def __init__(self, total_scheduled: _Optional[int] = ...) -> None: ...
+
+class RegisterConsumerRequest(_message.Message):
+    __slots__ = ("request_id", "consumer")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    consumer: _topology_pb2.ConsumerId
+    def __init__(self, request_id: _Optional[str] = ..., consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ...) -> None: ...
+
+class RegisterConsumerResponse(_message.Message):
+    __slots__ = ("topology", "acknowledged_sequence", "job")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    topology: _topology_pb2.Topology
+    acknowledged_sequence: int
+    job: str
+    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
+
+class WatchAssignmentsRequest(_message.Message):
+    __slots__ = ("consumer", "after_sequence")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    consumer: _topology_pb2.ConsumerId
+    after_sequence: int
+    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+
+class WatchAssignmentsResponse(_message.Message):
+    __slots__ = ("sequence", "admission", "global_loss_tokens", "assignment")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    admission: _admission_pb2.MiniBatchAdmission
+    global_loss_tokens: int
+    assignment: _plan_pb2.ConsumerAssignment
+    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., assignment: _Optional[_Union[_plan_pb2.ConsumerAssignment, _Mapping]] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("request_id", "consumer", "sequence", "stage")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    consumer: _topology_pb2.ConsumerId
+    sequence: int
+    stage: ProgressStage
+    def __init__(self, request_id: _Optional[str] = ..., consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., sequence: _Optional[int] = ..., stage: _Optional[_Union[ProgressStage, str]] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class AdvanceVersionRequest(_message.Message):
+    __slots__ = ("request_id", "train_batch_index", "new_version")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    train_batch_index: int
+    new_version: int
+    def __init__(self, request_id: _Optional[str] = ..., train_batch_index: _Optional[int] = ..., new_version: _Optional[int] = ...) -> None: ...
+
+class AdvanceVersionResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SourceStatus(_message.Message):
+    __slots__ = ("source", "pool", "admitted", "quota", "target", "slack")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SLACK_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    pool: int
+    admitted: int
+    quota: int
+    target: float
+    slack: int
+    def __init__(self, source: _Optional[str] = ..., pool: _Optional[int] = ..., admitted: _Optional[int] = ..., quota: _Optional[int] = ..., target: _Optional[float] = ..., slack: _Optional[int] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("sources", "train_batch_index", "minibatch_index", "num_minibatches", "policy_version", "blocking_reason", "blocking_detail", "blocked_seconds", "pool_size", "admitted_total", "dropped_stale", "released_minibatches")
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BLOCKING_REASON_FIELD_NUMBER: _ClassVar[int]
+    BLOCKING_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    POOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    sources: _containers.RepeatedCompositeFieldContainer[SourceStatus]
+    train_batch_index: int
+    minibatch_index: int
+    num_minibatches: int
+    policy_version: int
+    blocking_reason: _admission_pb2.BlockingReason
+    blocking_detail: str
+    blocked_seconds: float
+    pool_size: int
+    admitted_total: int
+    dropped_stale: int
+    released_minibatches: int
+    def __init__(self, sources: _Optional[_Iterable[_Union[SourceStatus, _Mapping]]] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., policy_version: _Optional[int] = ..., blocking_reason: _Optional[_Union[_admission_pb2.BlockingReason, str]] = ..., blocking_detail: _Optional[str] = ..., blocked_seconds: _Optional[float] = ..., pool_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,35 @@
+from knittrans.v1 import admission_pb2 as _admission_pb2
+from knittrans.v1 import admission_service_pb2 as _admission_service_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class UnitsDeleted(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JournalRecord(_message.Message):
+    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    report: _admission_service_pb2.ReportTrajectoriesRequest
+    scheduled: _admission_service_pb2.ReportScheduledRequest
+    admission: _admission_pb2.MiniBatchAdmission
+    drop: _admission_pb2.TrajectoryDrop
+    version: _admission_service_pb2.AdvanceVersionRequest
+    progress: _admission_service_pb2.ReportProgressRequest
+    deleted: UnitsDeleted
+    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,159 @@
+from knittrans.v1 import plan_pb2 as _plan_pb2
+from knittrans.v1 import trajectory_pb2 as _trajectory_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TensorDescriptor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "byte_length")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: _trajectory_pb2.DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    byte_length: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[_trajectory_pb2.DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., byte_length: _Optional[int] = ...) -> None: ...
+
+class PackedEncodingUse(_message.Message):
+    __slots__ = ("encoding_id", "key", "packed_start", "packed_end", "row_start", "trajectory_id")
+    ENCODING_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PACKED_START_FIELD_NUMBER: _ClassVar[int]
+    PACKED_END_FIELD_NUMBER: _ClassVar[int]
+    ROW_START_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    encoding_id: int
+    key: str
+    packed_start: int
+    packed_end: int
+    row_start: int
+    trajectory_id: str
+    def __init__(self, encoding_id: _Optional[int] = ..., key: _Optional[str] = ..., packed_start: _Optional[int] = ..., packed_end: _Optional[int] = ..., row_start: _Optional[int] = ..., trajectory_id: _Optional[str] = ...) -> None: ...
+
+class MicroBatchDescriptor(_message.Message):
+    __slots__ = ("ticket", "sequence", "train_batch_index", "minibatch_index", "num_minibatches", "train_version", "microbatch_index", "num_microbatches", "last_in_minibatch", "minibatch_loss_tokens", "microbatch_loss_tokens", "segment", "slot", "tensors", "encodings", "encoder_inputs", "trajectory_ids", "role", "dp_rank", "cp_rank", "cp")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    LAST_IN_MINIBATCH_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCH_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    CP_RANK_FIELD_NUMBER: _ClassVar[int]
+    CP_FIELD_NUMBER: _ClassVar[int]
+    ticket: int
+    sequence: int
+    train_batch_index: int
+    minibatch_index: int
+    num_minibatches: int
+    train_version: int
+    microbatch_index: int
+    num_microbatches: int
+    last_in_minibatch: bool
+    minibatch_loss_tokens: int
+    microbatch_loss_tokens: int
+    segment: str
+    slot: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorDescriptor]
+    encodings: _containers.RepeatedCompositeFieldContainer[PackedEncodingUse]
+    encoder_inputs: _containers.RepeatedCompositeFieldContainer[_plan_pb2.EncodingAssignment]
+    trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
+    role: str
+    dp_rank: int
+    cp_rank: int
+    cp: int
+    def __init__(self, ticket: _Optional[int] = ..., sequence: _Optional[int] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., train_version: _Optional[int] = ..., microbatch_index: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., last_in_minibatch: _Optional[bool] = ..., minibatch_loss_tokens: _Optional[int] = ..., microbatch_loss_tokens: _Optional[int] = ..., segment: _Optional[str] = ..., slot: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorDescriptor, _Mapping]]] = ..., encodings: _Optional[_Iterable[_Union[PackedEncodingUse, _Mapping]]] = ..., encoder_inputs: _Optional[_Iterable[_Union[_plan_pb2.EncodingAssignment, _Mapping]]] = ..., trajectory_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., cp: _Optional[int] = ...) -> None: ...
+
+class NextMicroBatchRequest(_message.Message):
+    __slots__ = ("tp_rank", "after_ticket")
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TICKET_FIELD_NUMBER: _ClassVar[int]
+    tp_rank: int
+    after_ticket: int
+    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ...) -> None: ...
+
+class NextMicroBatchResponse(_message.Message):
+    __slots__ = ("descriptor", "end_of_stream")
+    DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
+    END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
+    descriptor: MicroBatchDescriptor
+    end_of_stream: bool
+    def __init__(self, descriptor: _Optional[_Union[MicroBatchDescriptor, _Mapping]] = ..., end_of_stream: _Optional[bool] = ...) -> None: ...
+
+class StreamMicroBatchesRequest(_message.Message):
+    __slots__ = ("tp_rank", "after_ticket")
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TICKET_FIELD_NUMBER: _ClassVar[int]
+    tp_rank: int
+    after_ticket: int
+    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ...) -> None: ...
+
+class StreamMicroBatchesResponse(_message.Message):
+    __slots__ = ("descriptor",)
+    DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
+    descriptor: MicroBatchDescriptor
+    def __init__(self, descriptor: _Optional[_Union[MicroBatchDescriptor, _Mapping]] = ...) -> None: ...
+
+class ReleaseMicroBatchRequest(_message.Message):
+    __slots__ = ("request_id", "tp_rank", "ticket")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tp_rank: int
+    ticket: int
+    def __init__(self, request_id: _Optional[str] = ..., tp_rank: _Optional[int] = ..., ticket: _Optional[int] = ...) -> None: ...
+
+class ReleaseMicroBatchResponse(_message.Message):
+    __slots__ = ("slot_freed",)
+    SLOT_FREED_FIELD_NUMBER: _ClassVar[int]
+    slot_freed: bool
+    def __init__(self, slot_freed: _Optional[bool] = ...) -> None: ...
+
+class GetReorgStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReorgStatusResponse(_message.Message):
+    __slots__ = ("role", "dp_rank", "cp_rank", "tp", "slots", "slots_occupied", "published", "bytes_read", "bytes_needed", "job")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    CP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_OCCUPIED_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    dp_rank: int
+    cp_rank: int
+    tp: int
+    slots: int
+    slots_occupied: int
+    published: int
+    bytes_read: int
+    bytes_needed: int
+    job: str
+    def __init__(self, role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., tp: _Optional[int] = ..., slots: _Optional[int] = ..., slots_occupied: _Optional[int] = ..., published: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_needed: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...

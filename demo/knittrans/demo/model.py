@@ -1,0 +1,171 @@
+"""Small multimodal models for the demo, the tests and the encoder deduplication benchmark.
+
+- :class:`VisionEncoder` is ViT-like: patch embedding, transformer blocks with bidirectional attention over
+  each image's patches, and a merger that folds each 2×2 patch neighbourhood into one backbone row (as
+  Qwen-VL does), so an image of ``(image_size / patch_size)²`` patches yields ``num_rows`` rows.
+- :class:`Backbone` is a decoder-only transformer over packed sequences: causal attention within each
+  sequence, with encoder rows inserted at placeholder token positions before the first block.
+
+Both are per-sample functions in training mode (LayerNorm, no BatchNorm), as encoding reuse requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from knittrans.errors import InvalidArgument
+
+PLACEHOLDER_TOKEN = 0
+"""Token id that marks where encoder rows go; text tokens are 1..vocab_size-1."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderConfig:
+    image_size: int = 16
+    patch_size: int = 4
+    channels: int = 3
+    dim: int = 32
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: int = 4
+    merge: int = 2
+    out_dim: int = 32
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise InvalidArgument("must be a multiple of patch_size", field="image_size")
+        if (self.image_size // self.patch_size) % self.merge:
+            raise InvalidArgument("image_size / patch_size must be a multiple of merge", field="merge")
+        if self.dim % self.heads:
+            raise InvalidArgument("must be a multiple of heads", field="dim")
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_rows(self) -> int:
+        """Rows (backbone tokens) per image after merging."""
+        return (self.patches_per_side // self.merge) ** 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackboneConfig:
+    vocab_size: int = 64
+    dim: int = 32
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: int = 4
+    max_positions: int = 512
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            raise InvalidArgument("must be a multiple of heads", field="dim")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with multi-head self-attention and a GELU MLP."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+        self.mlp_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``: (batch, tokens, dim); ``attn_mask``: bool (batch or 1, 1, tokens, tokens), True = attend."""
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, tokens, 3, self.heads, dim // self.heads).unbind(2)
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, tokens, dim))
+        return x + self.mlp_dropout(self.mlp(self.norm2(x)))
+
+
+class VisionEncoder(nn.Module):
+    """images (batch, channels, size, size) -> encodings (batch, num_rows, out_dim)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.patch_embed = nn.Conv2d(config.channels, config.dim, config.patch_size, stride=config.patch_size)
+        self.position = nn.Parameter(torch.randn(1, config.patches_per_side**2, config.dim) * 0.02)
+        self.blocks = nn.ModuleList(
+            Block(config.dim, config.heads, config.mlp_ratio, config.dropout) for _ in range(config.depth)
+        )
+        self.norm = nn.LayerNorm(config.dim)
+        merged = config.dim * config.merge**2
+        self.merger = nn.Sequential(nn.Linear(merged, merged), nn.GELU(), nn.Linear(merged, config.out_dim))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        x = self.patch_embed(images).flatten(2).transpose(1, 2) + self.position
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        batch, side, merge = x.shape[0], c.patches_per_side, c.merge
+        # Fold each merge×merge neighbourhood of patches into one row.
+        x = x.view(batch, side // merge, merge, side // merge, merge, c.dim).permute(0, 1, 3, 2, 4, 5)
+        return self.merger(x.reshape(batch, c.num_rows, merge * merge * c.dim))
+
+
+class Backbone(nn.Module):
+    """Decoder-only transformer over one packed micro-batch of sequences."""
+
+    def __init__(self, config: BackboneConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.position = nn.Embedding(config.max_positions, config.dim)
+        self.blocks = nn.ModuleList(
+            Block(config.dim, config.heads, config.mlp_ratio, config.dropout) for _ in range(config.depth)
+        )
+        self.norm = nn.LayerNorm(config.dim)
+        self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        segment_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        features: torch.Tensor | None = None,
+        feature_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits (tokens, vocab) for packed ``input_ids`` (tokens,).
+
+        A token attends to the tokens of its own segment (sequence) whose position id is not larger.
+        ``features[j]`` replaces the embedding of token ``feature_positions[j]``.
+        """
+        x = self.embed(input_ids) + self.position(position_ids)
+        if features is not None and feature_positions is not None and features.numel():
+            x = x.index_put((feature_positions,), features.to(x.dtype))
+        same_segment = segment_ids[:, None] == segment_ids[None, :]
+        causal = position_ids[None, :] <= position_ids[:, None]
+        mask = (same_segment & causal)[None, None]
+        x = x[None]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x[0]))
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """Sum of masked next-token cross-entropies divided by ``normalizer`` (the mini-batch's loss tokens)."""
+    per_token = F.cross_entropy(logits, labels, reduction="none")
+    return (per_token * loss_mask).sum() / normalizer

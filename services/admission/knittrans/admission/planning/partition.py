@@ -1,0 +1,113 @@
+"""Karmarkar–Karp (largest differencing) partitioning of weighted items into k parts.
+
+Pure functions; no I/O. While states are merged, each part is a node id: a leaf is an item index, an
+inner node joins two non-empty parts (recorded in ``children``), and -1 is an empty part. A merge then
+costs O(k log k) whatever the part sizes, and the parts are flattened once at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from knittrans.errors import InvalidArgument
+
+_EMPTY = -1
+
+
+def karmarkar_karp(weights: Sequence[float], parts: int, *, equal_count: bool = False) -> list[list[int]]:
+    """Partition item indices ``0 … len(weights)-1`` into ``parts`` lists of similar total weight.
+
+    With ``equal_count`` every part gets the same number of items (``len(weights)`` must be a multiple of
+    ``parts``): items are sorted by weight and cut into groups of ``parts`` consecutive items, each group a
+    state with one item per part, and the states are then differenced. Without it each item starts as a
+    state of its own. Ties break on the item index, so the result is deterministic. Parts come back sorted
+    by total weight, heaviest first, with members in ascending index order.
+    """
+    if parts < 1:
+        raise InvalidArgument(f"must be at least 1, got {parts}", field="parts")
+    n = len(weights)
+    if equal_count and n % parts:
+        raise InvalidArgument(f"{n} items cannot be split into {parts} equal parts", field="parts")
+    if n == 0:
+        return [[] for _ in range(parts)]
+    weights = [float(w) for w in weights]
+    order = sorted(range(n), key=lambda i: (-weights[i], i))
+    step = parts if equal_count else 1
+    padding = [0.0] * (parts - step)
+    empty_parts = [_EMPTY] * (parts - step)
+    heap = []
+    for seq, start in enumerate(range(0, n, step)):
+        group = order[start : start + step]
+        sums = [weights[i] for i in group] + padding
+        heap.append((sums[-1] - sums[0], seq, sums, group + empty_parts))
+    heapq.heapify(heap)
+    seq = len(heap)
+    children: list[tuple[int, int]] = []  # inner node n + j joins children[j]
+    pairing = range(parts)
+    last = parts - 1
+    while len(heap) > 1:
+        _, _, sums_a, nodes_a = heapq.heappop(heap)
+        _, _, sums_b, nodes_b = heapq.heappop(heap)
+        if parts > 1 and nodes_b[1] == _EMPTY:
+            sums, nodes = _add_to_lightest(sums_a, nodes_a, sums_b[0], nodes_b[0], n, children)
+        elif parts > 1 and nodes_a[1] == _EMPTY:
+            sums, nodes = _add_to_lightest(sums_b, nodes_b, sums_a[0], nodes_a[0], n, children)
+        else:
+            # Both are sorted heaviest first: pair a's heaviest part with b's lightest.
+            merged = []
+            for i in pairing:
+                a, b = nodes_a[i], nodes_b[last - i]
+                if a == _EMPTY:
+                    node = b
+                elif b == _EMPTY:
+                    node = a
+                else:
+                    node = n + len(children)
+                    children.append((a, b))
+                merged.append((sums_a[i] + sums_b[last - i], node))
+            merged.sort(key=_by_sum, reverse=True)
+            sums = [s for s, _ in merged]
+            nodes = [node for _, node in merged]
+        heapq.heappush(heap, (sums[-1] - sums[0], seq, sums, nodes))
+        seq += 1
+    return [sorted(_leaves(node, n, children)) for node in heap[0][3]]
+
+
+def _add_to_lightest(
+    sums: list[float], nodes: list[int], weight: float, node: int, n: int, children: list[tuple[int, int]]
+) -> tuple[list[float], list[int]]:
+    """Merge a state with a single-part state: the part joins the lightest part (what pairing does)."""
+    total = sums[-1] + weight
+    lightest = nodes[-1]
+    if lightest == _EMPTY:
+        joined = node
+    else:
+        joined = n + len(children)
+        children.append((lightest, node))
+    # Keep heaviest-first order: find where the grown part goes among the others.
+    position = len(sums) - 1
+    while position > 0 and sums[position - 1] < total:
+        position -= 1
+    return (
+        [*sums[:position], total, *sums[position:-1]],
+        [*nodes[:position], joined, *nodes[position:-1]],
+    )
+
+
+def _by_sum(entry: tuple[float, int]) -> float:
+    return entry[0]
+
+
+def _leaves(node: int, n: int, children: list[tuple[int, int]]) -> list[int]:
+    leaves: list[int] = []
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node == _EMPTY:
+            continue
+        if node < n:
+            leaves.append(node)
+        else:
+            stack.extend(children[node - n])
+    return leaves
