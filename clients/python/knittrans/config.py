@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
 from knittrans.errors import ConfigError, InvalidArgument
 
 ENV_PREFIX = "KNITTRANS_"

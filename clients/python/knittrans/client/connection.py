@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
+
 from knittrans.errors import (
     FIELD_TRAILER,
     ConfigError,

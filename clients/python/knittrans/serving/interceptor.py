@@ -15,9 +15,10 @@ from typing import Any
 
 import grpc
 from grpc import aio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
 from knittrans.errors import FIELD_TRAILER, KnitTransError
 from knittrans.serving.security import HEALTH_SERVICE_PREFIX, token_matches
-from prometheus_client import CollectorRegistry, Counter, Histogram
 
 logger = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ import hmac
 from pathlib import Path
 
 import grpc
+
 from knittrans.errors import ConfigError
 from knittrans.serving.settings import AuthSettings, TlsSettings
 

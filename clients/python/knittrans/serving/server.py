@@ -12,11 +12,12 @@ from typing import Any
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, start_http_server
+
 from knittrans.errors import Unavailable
 from knittrans.serving.interceptor import BoundaryInterceptor, RpcMetrics
 from knittrans.serving.security import expected_token, server_credentials
 from knittrans.serving.settings import ServerSettings
-from prometheus_client import CollectorRegistry, start_http_server
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class RunningServer:
     health: health.aio.HealthServicer
     registry: CollectorRegistry
     _metrics_http: Any = None
+    health_server: aio.Server | None = None
+    health_port: int | None = None
 
     @property
     def metrics_url(self) -> str | None:
@@ -44,6 +47,8 @@ class RunningServer:
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         if self._metrics_http is not None:
             http_server, thread = self._metrics_http
             http_server.shutdown()
@@ -81,6 +86,14 @@ async def start_server(
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     address = target if settings.unix_socket else f"{settings.host}:{port}"
+    health_server = None
+    health_port = None
+    if settings.health_port >= 0:
+        # Kubelet's gRPC probes cannot speak TLS, so health alone is also served in plaintext.
+        health_server = aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = health_server.add_insecure_port(f"{settings.host}:{settings.health_port}")
+        await health_server.start()
     metrics_http = None
     metrics_port = None
     if settings.metrics.port >= 0:
@@ -89,7 +102,7 @@ async def start_server(
     logger.info("listening on %s (tls=%s, metrics port %s)", address, settings.tls.enabled, metrics_port)
     return RunningServer(
         server=server, address=address, metrics_port=metrics_port, health=health_servicer, registry=registry,
-        _metrics_http=metrics_http,
+        _metrics_http=metrics_http, health_server=health_server, health_port=health_port,
     )
 
 

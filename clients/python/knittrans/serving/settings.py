@@ -57,6 +57,8 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 0
     unix_socket: str = ""
+    # A plaintext port serving only grpc.health.v1, for kubelet probes when the main port uses TLS; -1: none.
+    health_port: int = -1
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     grace_seconds: float = 5.0
     tls: TlsSettings = field(default_factory=TlsSettings)
@@ -66,6 +68,8 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidArgument("must be a port number or 0", field="port")
+        if not -1 <= self.health_port <= 65535:
+            raise InvalidArgument("must be a port number, 0 for any, or -1 for none", field="health_port")
         if self.max_message_bytes < 1024:
             raise InvalidArgument("must be at least 1024", field="max_message_bytes")
         if self.grace_seconds < 0:

@@ -1,0 +1,333 @@
+"""Rollout-side writes (DESIGN.md §2 step 1): split a finished trajectory into atomic units and store them.
+
+:meth:`RolloutClient.submit` takes a dict of numpy arrays or torch tensors plus the trajectory's
+metadata, writes its units through a :class:`~knittrans.store.protocol.UnitStore` in batches, and
+returns the typed :class:`~knittrans.types.TrajectoryMeta` that the admission service receives. With a
+``reporter`` it also hands the metadata over; without one it only returns it.
+
+Splitting:
+
+* ``tokens_field`` (default ``input_ids``) fixes the trajectory length L;
+* every array whose leading axis has length L is a per-token unit (sliceable by CP ranges), unless it
+  is named in ``non_sequence_fields``; other arrays are non-sequence units, read whole;
+* Python numbers and 0-d arrays are scalars (reward, advantage, ...) and travel in the metadata;
+* each multimodal input (one image, or one group of consecutive video frames) is one unit keyed by
+  the sample id and its content hash, stored once per sample however many trajectories share it (the
+  store finds the key present and skips it).
+
+Everything is validated before the first byte is written. If the store fails part-way, the units this
+call created are removed again (multimodal units excepted: a sibling trajectory may already reference
+them; they are released with their sample), so a failed submit can simply be retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, Protocol
+
+import numpy as np
+
+from knittrans.errors import InvalidArgument
+from knittrans.store.arrays import array_bytes, header_of, is_tensor, to_numpy
+from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
+from knittrans.store.protocol import UnitStore, UnitWrite
+from knittrans.types import (
+    MultimodalRef,
+    SampleId,
+    SourceName,
+    TokenSpan,
+    TrajectoryId,
+    TrajectoryMeta,
+    UnitKey,
+    UnitKind,
+    UnitRef,
+    VersionSegment,
+    check_id,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_BYTES = 256 << 20
+
+
+class MetadataReporter(Protocol):
+    """Receives the metadata of stored trajectories (the admission client implements it)."""
+
+    def report(self, trajectories: Sequence[TrajectoryMeta]) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class MultimodalInput:
+    """One image, or one group of consecutive video frames, consumed at ``placeholder`` by ``encoder``."""
+
+    data: Any  # numpy array or torch tensor
+    encoder: str
+    cost: float
+    placeholder: TokenSpan
+    kind: UnitKind = UnitKind.IMAGE
+
+    def __post_init__(self) -> None:
+        check_id(self.encoder, "encoder")
+        if not isinstance(self.placeholder, TokenSpan):
+            raise InvalidArgument("must be a TokenSpan", field="placeholder")
+        if self.kind not in (UnitKind.IMAGE, UnitKind.VIDEO):
+            raise InvalidArgument("must be image or video", field="kind")
+        if not (isinstance(self.cost, Real) and math.isfinite(self.cost) and self.cost > 0):
+            raise InvalidArgument(f"must be a positive finite number, got {self.cost!r}", field="cost")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Trajectory:
+    """One finished trajectory as a rollout worker has it: named arrays plus metadata."""
+
+    trajectory_id: str
+    sample_id: str
+    source: str
+    rollout_step: int
+    segments: Sequence[VersionSegment]
+    fields: Mapping[str, Any]
+    multimodal: Sequence[MultimodalInput] = ()
+    scalars: Mapping[str, float] = field(default_factory=dict)
+    accepted: bool = True
+    finished_at: float | None = None
+    tokens_field: str = "input_ids"
+    loss_mask_field: str | None = "loss_mask"
+    non_sequence_fields: Collection[str] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Split:
+    meta: TrajectoryMeta
+    writes: tuple[UnitWrite, ...]
+
+
+class RolloutClient:
+    """Writes trajectories' units to a unit store and returns (and optionally reports) their metadata."""
+
+    def __init__(
+        self,
+        store: UnitStore,
+        *,
+        namespace: str = "default",
+        reporter: MetadataReporter | None = None,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_simple_name(namespace, "namespace")
+        if not isinstance(batch_bytes, int) or batch_bytes < 1:
+            raise InvalidArgument(f"must be a positive integer, got {batch_bytes!r}", field="batch_bytes")
+        self._store = store
+        self._namespace = namespace
+        self._reporter = reporter
+        self._batch_bytes = batch_bytes
+        self._clock = clock
+
+    @property
+    def store(self) -> UnitStore:
+        return self._store
+
+    def submit(
+        self,
+        fields: Mapping[str, Any],
+        *,
+        trajectory_id: str,
+        sample_id: str,
+        source: str,
+        rollout_step: int,
+        segments: Sequence[VersionSegment],
+        multimodal: Sequence[MultimodalInput] = (),
+        scalars: Mapping[str, float] | None = None,
+        accepted: bool = True,
+        finished_at: float | None = None,
+        tokens_field: str = "input_ids",
+        loss_mask_field: str | None = "loss_mask",
+        non_sequence_fields: Collection[str] = (),
+    ) -> TrajectoryMeta:
+        """Store one trajectory's units; returns its metadata (reported first when a reporter is set)."""
+        trajectory = Trajectory(
+            trajectory_id=trajectory_id,
+            sample_id=sample_id,
+            source=source,
+            rollout_step=rollout_step,
+            segments=segments,
+            fields=fields,
+            multimodal=multimodal,
+            scalars=scalars or {},
+            accepted=accepted,
+            finished_at=finished_at,
+            tokens_field=tokens_field,
+            loss_mask_field=loss_mask_field,
+            non_sequence_fields=non_sequence_fields,
+        )
+        return self.submit_many([trajectory])[0]
+
+    def submit_many(self, trajectories: Sequence[Trajectory]) -> list[TrajectoryMeta]:
+        """Store several trajectories with shared batches; all are validated before anything is written."""
+        splits = [self._split(trajectory, index) for index, trajectory in enumerate(trajectories)]
+        seen: set[str] = set()
+        for index, split in enumerate(splits):
+            if split.meta.trajectory_id in seen:
+                raise InvalidArgument("appears twice in one submit", field=f"trajectories[{index}].trajectory_id")
+            seen.add(split.meta.trajectory_id)
+        self._write([w for split in splits for w in split.writes])
+        metas = [split.meta for split in splits]
+        if self._reporter is not None:
+            self._reporter.report(metas)
+        return metas
+
+    # -- splitting ----------------------------------------------------------------------------------
+
+    def _split(self, trajectory: Trajectory, index: int) -> _Split:
+        try:
+            return self._split_one(trajectory)
+        except InvalidArgument as exc:
+            where = f"trajectories[{index}]"
+            raise InvalidArgument(exc.message, field=f"{where}.{exc.field}" if exc.field else where) from exc
+
+    def _split_one(self, trajectory: Trajectory) -> _Split:
+        trajectory_id = TrajectoryId(trajectory.trajectory_id)
+        sample_id = SampleId(trajectory.sample_id)
+        check_id(trajectory_id, "trajectory_id")
+        check_id(sample_id, "sample_id")
+        if not isinstance(trajectory.fields, Mapping):
+            raise InvalidArgument("must be a mapping of field names to arrays", field="fields")
+        if trajectory.tokens_field not in trajectory.fields:
+            raise InvalidArgument("is missing from the fields", field=f"fields.{trajectory.tokens_field}")
+        for name in trajectory.non_sequence_fields:
+            if name not in trajectory.fields:
+                raise InvalidArgument("is not one of the fields", field=f"non_sequence_fields.{name}")
+
+        scalars: dict[str, float] = {}
+        for name, value in trajectory.scalars.items():
+            scalars[name] = _scalar(value, field=f"scalars.{name}")
+        arrays: dict[str, tuple[np.ndarray, Any]] = {}
+        for name, value in trajectory.fields.items():
+            check_simple_name(name, f"fields.{name}")
+            if _is_scalar(value):
+                if name in scalars:
+                    raise InvalidArgument("is both a field and a scalar", field=f"fields.{name}")
+                scalars[name] = _scalar(value, field=f"fields.{name}")
+            else:
+                arrays[name] = to_numpy(value, field=f"fields.{name}")
+
+        if trajectory.tokens_field not in arrays or arrays[trajectory.tokens_field][0].ndim < 1:
+            raise InvalidArgument("must be an array of tokens", field=f"fields.{trajectory.tokens_field}")
+        num_tokens = arrays[trajectory.tokens_field][0].shape[0]
+        if num_tokens < 1:
+            raise InvalidArgument("holds no tokens", field=f"fields.{trajectory.tokens_field}")
+        num_loss_tokens = self._count_loss_tokens(trajectory, arrays, num_tokens)
+
+        writes: list[UnitWrite] = []
+        units: list[UnitRef] = []
+        for name, (array, dtype) in arrays.items():
+            sequence = array.ndim >= 1 and array.shape[0] == num_tokens and name not in trajectory.non_sequence_fields
+            if array.nbytes == 0:
+                raise InvalidArgument("is empty; drop it or make it a scalar", field=f"fields.{name}")
+            header = header_of(array, dtype, sequence=sequence)
+            key = trajectory_unit_key(self._namespace, trajectory_id, name)
+            kind = UnitKind.TOKEN_FIELD if sequence else UnitKind.FIELD
+            units.append(UnitRef(key=key, field_name=name, kind=kind, header=header))
+            writes.append(UnitWrite(key=key, header=header, data=array_bytes(array)))
+
+        multimodal: list[MultimodalRef] = []
+        for i, item in enumerate(trajectory.multimodal):
+            if not isinstance(item, MultimodalInput):
+                raise InvalidArgument("must be a MultimodalInput", field=f"multimodal[{i}]")
+            array, dtype = to_numpy(item.data, field=f"multimodal[{i}].data")
+            if array.nbytes == 0:
+                raise InvalidArgument("is empty", field=f"multimodal[{i}].data")
+            header = header_of(array, dtype, sequence=False)
+            key = multimodal_unit_key(self._namespace, sample_id, header.content_hash)
+            multimodal.append(
+                MultimodalRef(
+                    key=key, encoder=item.encoder, cost=float(item.cost), placeholder=item.placeholder,
+                    kind=item.kind, header=header,
+                )
+            )
+            # Content-addressed: the store skips it when a sibling trajectory of the sample stored it first.
+            writes.append(UnitWrite(key=key, header=header, data=array_bytes(array), content_addressed=True))
+
+        for i, segment in enumerate(trajectory.segments):
+            if not isinstance(segment, VersionSegment):
+                raise InvalidArgument("must be a VersionSegment", field=f"segments[{i}]")
+        meta = TrajectoryMeta(
+            trajectory_id=trajectory_id,
+            sample_id=sample_id,
+            source=SourceName(trajectory.source),
+            rollout_step=trajectory.rollout_step,
+            num_tokens=num_tokens,
+            num_loss_tokens=num_loss_tokens,
+            segments=tuple(trajectory.segments),
+            units=tuple(units),
+            multimodal=tuple(multimodal),
+            accepted=bool(trajectory.accepted),
+            scalars=tuple(scalars.items()),
+            finished_at=self._clock() if trajectory.finished_at is None else float(trajectory.finished_at),
+        )
+        return _Split(meta=meta, writes=tuple(writes))
+
+    @staticmethod
+    def _count_loss_tokens(
+        trajectory: Trajectory, arrays: Mapping[str, tuple[np.ndarray, Any]], num_tokens: int
+    ) -> int:
+        name = trajectory.loss_mask_field
+        if name is None:
+            return num_tokens
+        if name not in arrays:
+            raise InvalidArgument("is missing from the fields (pass loss_mask_field=None if there is none)",
+                                  field=f"fields.{name}")
+        mask = arrays[name][0]
+        if mask.ndim != 1 or mask.shape[0] != num_tokens:
+            raise InvalidArgument(f"must have shape ({num_tokens},), got {mask.shape}", field=f"fields.{name}")
+        return int(np.count_nonzero(mask))
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def _write(self, writes: Sequence[UnitWrite]) -> None:
+        created: list[UnitKey] = []
+        batch: list[UnitWrite] = []
+        batch_bytes = 0
+        try:
+            for write in writes:
+                if batch and batch_bytes + write.header.byte_length > self._batch_bytes:
+                    created.extend(self._store.put_many(batch).created)
+                    batch, batch_bytes = [], 0
+                batch.append(write)
+                batch_bytes += write.header.byte_length
+            if batch:
+                created.extend(self._store.put_many(batch).created)
+        except BaseException:
+            content_addressed = {w.key for w in writes if w.content_addressed}
+            owned = [key for key in created if key not in content_addressed]
+            if owned:
+                try:
+                    self._store.delete_many(owned)
+                except Exception:
+                    logger.exception("could not remove %d units of a failed submit", len(owned))
+            raise
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, np.number, np.bool_)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0
+    if is_tensor(value):
+        return value.dim() == 0
+    return False
+
+
+def _scalar(value: Any, *, field: str) -> float:
+    if is_tensor(value):
+        value = value.item()
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"must be a number, got {type(value).__name__}", field=field) from None
+    if not math.isfinite(number):
+        raise InvalidArgument(f"must be finite, got {number}", field=field)
+    return number

@@ -1,0 +1,371 @@
+"""The ``mooncake`` backend: the Mooncake distributed store, the production backend (DESIGN.md §5).
+
+* Every client is a full ``setup()`` client with P2PHANDSHAKE metadata (the HTTP metadata server binds
+  0.0.0.0). Writers contribute no segment by default (``global_segment_size=0``): the bytes live in a
+  long-lived owner process (see :mod:`knittrans.launch.mooncake`), so they outlive the writer.
+* Units are put with a hard pin, so the store never evicts acknowledged data; they leave only through
+  :meth:`MooncakeUnitStore.delete_many`, which retries while a reader's lease holds a unit (-706).
+* Bytes move by pointer with the batch calls (``batch_put_from``, ``batch_get_into``) and, for slices,
+  ``get_into_ranges``; buffers that are not registered for the whole client lifetime (see
+  :meth:`MooncakeUnitStore.register_buffer`) are registered around each call, which costs microseconds.
+* Keys are write-once in Mooncake (a put on an existing key returns 0 and changes nothing), so
+  ``put_many`` first asks which keys exist and compares their stored bytes by content hash.
+  Concurrent writers of one key with different bytes are not detected; KnitTrans never produces them
+  (per-trajectory keys have one writer, multimodal keys embed their content hash).
+
+A store object serialises its own calls with a lock; use one per thread for parallel transfers.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from knittrans.errors import Conflict, InvalidArgument, StoreError, StoreFullError, Unavailable
+from knittrans.store.buffers import BufferLike, address_of, byte_view, writable_byte_view
+from knittrans.store.hashing import content_hash
+from knittrans.store.mooncake_errors import MooncakeCode, mooncake_error
+from knittrans.store.protocol import PutResult, ReadStats, UnitRead, UnitWrite, dedupe_writes
+from knittrans.types import ByteRange, UnitKey
+
+logger = logging.getLogger(__name__)
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class MooncakeStoreConfig:
+    """How one process connects to a Mooncake cluster."""
+
+    master_address: str  # host:port of mooncake_master
+    local_hostname: str = "127.0.0.1"
+    metadata_server: str = "P2PHANDSHAKE"
+    protocol: str = "tcp"
+    rdma_devices: str = ""
+    global_segment_size: int = 0  # bytes this client contributes to the pool; 0: the owner process holds them
+    local_buffer_size: int = 32 * MIB
+    hard_pin: bool = True
+    full_retry_seconds: float = 5.0  # how long a put waits for space (-200) before StoreFullError
+    lease_retry_seconds: float = 30.0  # how long a delete waits out read leases (-706); > the master's lease TTL
+    connect_timeout_seconds: float = 3.0
+
+    def __post_init__(self) -> None:
+        host, _, port = self.master_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"must be host:port, got {self.master_address!r}", field="master_address")
+        for name in ("global_segment_size", "local_buffer_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument(f"must be a non-negative integer, got {value!r}", field=name)
+        for name in ("full_retry_seconds", "lease_retry_seconds", "connect_timeout_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgument(f"must be a non-negative number, got {value!r}", field=name)
+        if self.protocol not in ("tcp", "rdma"):
+            raise InvalidArgument(f"must be tcp or rdma, got {self.protocol!r}", field="protocol")
+
+    @property
+    def master_host(self) -> str:
+        return self.master_address.rpartition(":")[0]
+
+    @property
+    def master_port(self) -> int:
+        return int(self.master_address.rpartition(":")[2])
+
+
+class _Backoff:
+    """Exponential back-off sleeps until a deadline."""
+
+    def __init__(self, seconds: float, *, first: float = 0.01, cap: float = 0.5) -> None:
+        self._deadline = time.monotonic() + seconds
+        self._delay = first
+        self._cap = cap
+
+    def wait(self) -> bool:
+        """Sleep before the next attempt; False once the deadline has passed."""
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(self._delay, remaining))
+        self._delay = min(self._delay * 2, self._cap)
+        return True
+
+
+class MooncakeUnitStore:
+    """A full Mooncake client speaking the :class:`~knittrans.store.protocol.UnitStore` protocol."""
+
+    def __init__(self, config: MooncakeStoreConfig) -> None:
+        self._config = config
+        self._stats = ReadStats()
+        self._lock = threading.RLock()
+        self._registered: dict[int, int] = {}  # start address -> end address of long-lived registrations
+        self._check_master_reachable()
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+        self._client = MooncakeDistributedStore()
+        code = self._client.setup(
+            {
+                "local_hostname": config.local_hostname,
+                "metadata_server": config.metadata_server,
+                "global_segment_size": config.global_segment_size,
+                "local_buffer_size": config.local_buffer_size,
+                "protocol": config.protocol,
+                "rdma_devices": config.rdma_devices,
+                "master_server_addr": config.master_address,
+            }
+        )
+        if code != 0:
+            raise Unavailable(f"mooncake setup failed with code {code}", field=config.master_address)
+        self._replicate = ReplicateConfig()
+        self._replicate.with_hard_pin = config.hard_pin
+        self._closed = False
+
+    def _check_master_reachable(self) -> None:
+        # setup() retries an unreachable master for about a minute and a half; fail fast instead.
+        try:
+            with socket.create_connection(
+                (self._config.master_host, self._config.master_port), timeout=self._config.connect_timeout_seconds
+            ):
+                pass
+        except OSError as exc:
+            raise Unavailable(f"mooncake master unreachable: {exc}", field=self._config.master_address) from exc
+
+    @property
+    def backend(self) -> str:
+        return "mooncake"
+
+    @property
+    def stats(self) -> ReadStats:
+        return self._stats
+
+    @property
+    def raw_client(self) -> Any:
+        """The underlying ``MooncakeDistributedStore`` (benchmarks compare against it)."""
+        return self._client
+
+    # -- writes -------------------------------------------------------------------------------------
+
+    def put_many(self, writes: Sequence[UnitWrite]) -> PutResult:
+        with self._lock:
+            unique = dedupe_writes(writes)
+            if not unique:
+                return PutResult()
+            keys = [w.key for w in unique]
+            present = set(self._existing(keys))
+            self._check_same_content([w for w in unique if w.key in present and not w.content_addressed])
+            new = [w for w in unique if w.key not in present]
+            created = self._put_new(new)
+            return PutResult(created=tuple(created), already_present=tuple(k for k in keys if k in present))
+
+    def _existing(self, keys: Sequence[UnitKey]) -> list[UnitKey]:
+        codes = self._client.batch_is_exist(list(keys))
+        for key, code in zip(keys, codes, strict=True):
+            if code < 0:
+                raise StoreError(f"mooncake batch_is_exist failed ({code})", field=key)
+        return [key for key, code in zip(keys, codes, strict=True) if code == 1]
+
+    def _check_same_content(self, writes: Sequence[UnitWrite]) -> None:
+        if not writes:
+            return
+        # One spare byte tells a longer stored unit apart from an equal one.
+        scratch = [np.empty(w.header.byte_length + 1, dtype=np.uint8) for w in writes]
+        views = [memoryview(s) for s in scratch]
+        with self._transfer_addresses(views) as addresses:
+            counts = self._client.batch_get_into(
+                [w.key for w in writes], addresses, [v.nbytes for v in views]
+            )
+        for write, buffer, count in zip(writes, views, counts, strict=True):
+            if count == MooncakeCode.INVALID_PARAMS:  # stored unit is longer than the new one
+                raise Conflict("key already holds different content", field=write.key)
+            if count < 0:
+                raise mooncake_error(count, key=write.key, operation="batch_get_into")
+            if count != write.header.byte_length or content_hash(buffer[:count]) != content_hash(write.data):
+                raise Conflict("key already holds different content", field=write.key)
+
+    def _put_new(self, writes: Sequence[UnitWrite]) -> list[UnitKey]:
+        created: list[UnitKey] = []
+        remaining = list(writes)
+        backoff = _Backoff(self._config.full_retry_seconds)
+        try:
+            with self._transfer_addresses([w.data for w in writes]) as addresses:
+                address_of_key = {w.key: a for w, a in zip(writes, addresses, strict=True)}
+                while remaining:
+                    codes = self._client.batch_put_from(
+                        [w.key for w in remaining],
+                        [address_of_key[w.key] for w in remaining],
+                        [w.header.byte_length for w in remaining],
+                        self._replicate,
+                    )
+                    full: list[UnitWrite] = []
+                    for write, code in zip(remaining, codes, strict=True):
+                        if code == 0:
+                            created.append(write.key)
+                        elif code == MooncakeCode.NO_AVAILABLE_HANDLE:
+                            full.append(write)
+                        else:
+                            raise mooncake_error(code, key=write.key, operation="batch_put_from")
+                    remaining = full
+                    if remaining and not backoff.wait():
+                        raise StoreFullError(
+                            f"no space for {len(remaining)} units after {self._config.full_retry_seconds:.1f}s",
+                            field=remaining[0].key,
+                        )
+        except BaseException:
+            if created:
+                self.delete_many(created)
+            raise
+        return created
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    def get_into(self, key: UnitKey, buffer: BufferLike, ranges: Sequence[ByteRange] | None = None) -> int:
+        return self.get_many_into([UnitRead.of(key, buffer, ranges)])[0]
+
+    def get_many_into(self, reads: Sequence[UnitRead]) -> list[int]:
+        with self._lock:
+            results = [0] * len(reads)
+            whole = [i for i, r in enumerate(reads) if r.ranges is None]
+            ranged = [i for i, r in enumerate(reads) if r.ranges is not None and r.requested_bytes > 0]
+            with self._transfer_addresses([reads[i].buffer for i in whole + ranged]) as addresses:
+                if whole:
+                    self._get_whole([reads[i] for i in whole], addresses[: len(whole)], whole, results)
+                if ranged:
+                    self._get_ranges([reads[i] for i in ranged], addresses[len(whole) :], ranged, results)
+            moved = sum(results)
+            self._stats.record(units=len(reads), requested_bytes=moved, moved_bytes=moved)
+            return results
+
+    def _get_whole(self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int]) -> None:
+        counts = self._client.batch_get_into([r.key for r in reads], addresses, [r.buffer.nbytes for r in reads])
+        for read, slot, count in zip(reads, slots, counts, strict=True):
+            if count < 0:
+                raise mooncake_error(count, key=read.key, operation="batch_get_into")
+            results[slot] = count
+
+    def _get_ranges(self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int]) -> None:
+        all_keys, dst_offsets, src_offsets, sizes = [], [], [], []
+        for read in reads:
+            ranges = [r for r in read.ranges or () if r.length]
+            offsets, position = [], 0
+            for byte_range in ranges:
+                offsets.append(position)
+                position += byte_range.length
+            all_keys.append([read.key])
+            dst_offsets.append([offsets])
+            src_offsets.append([[r.offset for r in ranges]])
+            sizes.append([[r.length for r in ranges]])
+        counts = self._client.get_into_ranges(addresses, all_keys, dst_offsets, src_offsets, sizes)
+        for read, slot, per_buffer, wanted in zip(reads, slots, counts, sizes, strict=True):
+            got = per_buffer[0]
+            for count, expected in zip(got, wanted[0], strict=True):
+                if count < 0:
+                    raise mooncake_error(count, key=read.key, operation="get_into_ranges")
+                if count != expected:
+                    raise StoreError(f"short ranged read: {count} of {expected} bytes", field=read.key)
+            results[slot] = sum(got)
+
+    # -- housekeeping -------------------------------------------------------------------------------
+
+    def exists(self, keys: Sequence[UnitKey]) -> list[bool]:
+        if not keys:
+            return []
+        with self._lock:
+            present = set(self._existing(keys))
+        return [key in present for key in keys]
+
+    def delete_many(self, keys: Sequence[UnitKey]) -> int:
+        """Remove units, waiting out read leases (-706) for up to ``lease_retry_seconds``."""
+        remaining = list(dict.fromkeys(keys))
+        removed = 0
+        backoff = _Backoff(self._config.lease_retry_seconds, first=0.05, cap=1.0)
+        while remaining:
+            with self._lock:  # not held while waiting, so reads and writes go on meanwhile
+                codes = self._client.batch_remove(remaining, False)
+            leased = []
+            for key, code in zip(remaining, codes, strict=True):
+                if code == 0:
+                    removed += 1
+                elif code in (MooncakeCode.OBJECT_HAS_LEASE, MooncakeCode.OBJECT_HAS_REPLICATION_TASK):
+                    leased.append(key)
+                elif code != MooncakeCode.OBJECT_NOT_FOUND:
+                    raise mooncake_error(code, key=key, operation="batch_remove")
+            remaining = leased
+            if remaining and not backoff.wait():
+                raise StoreError(
+                    f"{len(remaining)} units still leased after {self._config.lease_retry_seconds:.1f}s",
+                    field=remaining[0],
+                )
+        return removed
+
+    def register_buffer(self, buffer: BufferLike) -> None:
+        view = writable_byte_view(buffer)
+        start, end = address_of(view), address_of(view) + view.nbytes
+        with self._lock:
+            if any(start < e and s < end for s, e in self._registered.items()):
+                raise InvalidArgument("overlaps a buffer registered earlier", field="buffer")
+            code = self._client.register_buffer(start, view.nbytes)
+            if code != 0:
+                raise mooncake_error(code, key=None, operation="register_buffer")
+            self._registered[start] = end
+
+    def unregister_buffer(self, buffer: BufferLike) -> None:
+        view = byte_view(buffer, field="buffer")
+        start = address_of(view)
+        with self._lock:
+            if self._registered.pop(start, None) is not None:
+                self._client.unregister_buffer(start)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for start in list(self._registered):
+                self._client.unregister_buffer(start)
+            self._registered.clear()
+            self._client.close()
+
+    # -- buffer registration ------------------------------------------------------------------------
+
+    @contextmanager
+    def _transfer_addresses(self, views: Sequence[memoryview]) -> Iterator[list[int]]:
+        """Addresses of ``views``, registered with the transfer engine for the duration of the block.
+
+        Regions inside a long-lived registration are used as they are; the rest are merged into
+        disjoint intervals, registered, and unregistered afterwards.
+        """
+        addresses = [address_of(v) for v in views]
+        intervals = sorted((a, a + v.nbytes) for a, v in zip(addresses, views, strict=True) if v.nbytes)
+        merged: list[list[int]] = []
+        for start, end in intervals:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        temporary: list[int] = []
+        try:
+            for start, end in merged:
+                if self._inside_registered(start, end):
+                    continue
+                if any(start < e and s < end for s, e in self._registered.items()):
+                    raise InvalidArgument("a buffer straddles the edge of a registered buffer", field="buffer")
+                code = self._client.register_buffer(start, end - start)
+                if code != 0:
+                    raise mooncake_error(code, key=None, operation="register_buffer")
+                temporary.append(start)
+            yield addresses
+        finally:
+            for start in temporary:
+                self._client.unregister_buffer(start)
+
+    def _inside_registered(self, start: int, end: int) -> bool:
+        return any(s <= start and end <= e for s, e in self._registered.items())
+

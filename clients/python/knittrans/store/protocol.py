@@ -1,0 +1,194 @@
+"""The logical storage layer (DESIGN.md §5): the ``UnitStore`` protocol and its typed requests.
+
+A unit is raw little-endian bytes described by a :class:`~knittrans.types.UnitHeader`; no backend
+pickles, parses or reshapes them. Reads put byte ranges straight into the caller's buffer, and every
+store counts the bytes it was asked for against the bytes it moved, so over-read is measured, not assumed.
+
+Contract shared by every backend (and checked by one parametrized test suite):
+
+* keys are write-once: rewriting identical bytes succeeds and changes nothing; different bytes raise
+  :class:`~knittrans.errors.Conflict` and leave the stored unit as it was;
+* ``put_many`` writes all of its units or none of the ones it created (it removes them before raising);
+* a missing key raises :class:`~knittrans.errors.UnitNotFound`; a range outside the unit or a buffer
+  too small raises :class:`~knittrans.errors.InvalidArgument`; a full store raises
+  :class:`~knittrans.errors.StoreFullError`;
+* ``delete_many`` is idempotent: deleting a missing key is not an error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from knittrans.errors import Conflict, InvalidArgument
+from knittrans.store.buffers import BufferLike, byte_view, writable_byte_view
+from knittrans.types import ByteRange, UnitHeader, UnitKey, check_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitWrite:
+    """One unit to store: its key, its header and a C-contiguous buffer holding exactly its bytes.
+
+    ``content_addressed`` says the key embeds the content hash (multimodal units), so an existing key
+    already holds these bytes and the store skips comparing them.
+    """
+
+    key: UnitKey
+    header: UnitHeader
+    data: memoryview
+    content_addressed: bool = False
+
+    def __post_init__(self) -> None:
+        check_id(self.key, "key")
+        if not isinstance(self.header, UnitHeader):
+            raise InvalidArgument("must be a UnitHeader", field="header")
+        view = byte_view(self.data, field="data")
+        object.__setattr__(self, "data", view)
+        if view.nbytes != self.header.byte_length:
+            raise InvalidArgument(
+                f"holds {view.nbytes} bytes but the header describes {self.header.byte_length}", field="data"
+            )
+        if view.nbytes == 0:
+            raise InvalidArgument("a unit must hold at least one byte", field="data")
+
+    @classmethod
+    def of(cls, key: str, header: UnitHeader, data: BufferLike, *, content_addressed: bool = False) -> UnitWrite:
+        return cls(key=UnitKey(key), header=header, data=byte_view(data), content_addressed=content_addressed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitRead:
+    """Read ``ranges`` of one unit (or the whole unit when ``ranges`` is None) into ``buffer``.
+
+    The ranges land back to back from the start of ``buffer``; pass a slice of a larger buffer to place
+    them at an offset. ``buffer`` must hold at least the bytes read.
+    """
+
+    key: UnitKey
+    buffer: memoryview
+    ranges: tuple[ByteRange, ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_id(self.key, "key")
+        object.__setattr__(self, "buffer", writable_byte_view(self.buffer, field="buffer"))
+        if self.ranges is not None:
+            ranges = tuple(self.ranges)
+            object.__setattr__(self, "ranges", ranges)
+            for i, byte_range in enumerate(ranges):
+                if not isinstance(byte_range, ByteRange):
+                    raise InvalidArgument("must be a ByteRange", field=f"ranges[{i}]")
+            if self.requested_bytes > self.buffer.nbytes:
+                raise InvalidArgument(
+                    f"the ranges need {self.requested_bytes} bytes, the buffer has {self.buffer.nbytes}",
+                    field="buffer",
+                )
+
+    @property
+    def requested_bytes(self) -> int:
+        """Bytes asked for by ranged reads; whole-unit reads learn their size from the store."""
+        return sum(r.length for r in self.ranges) if self.ranges is not None else 0
+
+    @classmethod
+    def of(cls, key: str, buffer: BufferLike, ranges: Sequence[ByteRange] | None = None) -> UnitRead:
+        return cls(
+            key=UnitKey(key), buffer=writable_byte_view(buffer), ranges=None if ranges is None else tuple(ranges)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PutResult:
+    """Which keys a ``put_many`` created and which already held the same bytes."""
+
+    created: tuple[UnitKey, ...] = ()
+    already_present: tuple[UnitKey, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadStatsSnapshot:
+    units: int
+    requested_bytes: int
+    moved_bytes: int
+
+    @property
+    def over_read_bytes(self) -> int:
+        return self.moved_bytes - self.requested_bytes
+
+
+@dataclass
+class ReadStats:
+    """Running totals of reads: bytes the callers needed against bytes the backend moved."""
+
+    units: int = 0
+    requested_bytes: int = 0
+    moved_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record(self, *, units: int, requested_bytes: int, moved_bytes: int) -> None:
+        with self._lock:
+            self.units += units
+            self.requested_bytes += requested_bytes
+            self.moved_bytes += moved_bytes
+
+    def snapshot(self) -> ReadStatsSnapshot:
+        with self._lock:
+            return ReadStatsSnapshot(
+                units=self.units, requested_bytes=self.requested_bytes, moved_bytes=self.moved_bytes
+            )
+
+    def reset(self) -> None:
+        with self._lock:
+            self.units = self.requested_bytes = self.moved_bytes = 0
+
+
+def dedupe_writes(writes: Sequence[UnitWrite]) -> list[UnitWrite]:
+    """One write per key, first occurrence kept; the same key twice must carry the same bytes."""
+    by_key: dict[str, UnitWrite] = {}
+    for write in writes:
+        earlier = by_key.get(write.key)
+        if earlier is None:
+            by_key[write.key] = write
+        elif earlier.data != write.data:  # memoryview equality compares the bytes
+            raise Conflict("written twice with different content in one batch", field=write.key)
+    return list(by_key.values())
+
+
+@runtime_checkable
+class UnitStore(Protocol):
+    """Atomic-unit storage. Backends: ``file``, ``mooncake``, ``ray`` (see :mod:`knittrans.store.factory`)."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def stats(self) -> ReadStats: ...
+
+    def put_many(self, writes: Sequence[UnitWrite]) -> PutResult:
+        """Store every unit, in as few backend calls as the backend allows, without copying the buffers."""
+        ...
+
+    def get_into(self, key: UnitKey, buffer: BufferLike, ranges: Sequence[ByteRange] | None = None) -> int:
+        """Read ``ranges`` (or the whole unit) of ``key`` into ``buffer``; returns the bytes written."""
+        ...
+
+    def get_many_into(self, reads: Sequence[UnitRead]) -> list[int]:
+        """The batched form of :meth:`get_into`; returns the bytes written per read."""
+        ...
+
+    def exists(self, keys: Sequence[UnitKey]) -> list[bool]: ...
+
+    def delete_many(self, keys: Sequence[UnitKey]) -> int:
+        """Remove the units; returns how many existed. Missing keys are skipped."""
+        ...
+
+    def register_buffer(self, buffer: BufferLike) -> None:
+        """Declare a long-lived buffer (e.g. a shared-memory ring) as a transfer target; a no-op where
+        the backend does not need it."""
+        ...
+
+    def unregister_buffer(self, buffer: BufferLike) -> None: ...
+
+    def close(self) -> None:
+        """Release this client's resources. Stored units stay; they outlive the writer."""
+        ...

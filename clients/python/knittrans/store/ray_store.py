@@ -1,0 +1,211 @@
+"""The ``ray`` backend: the Ray object store, for Ray-native frameworks.
+
+Keys map to object refs through one named registry actor per store name.
+
+**Ownership.** A Ray object dies with the process that put it (``_owner`` is gone since Ray 2.56), and
+rollout workers come and go. So the registry actor owns every unit: a writer sends the bytes to the
+actor, which ``ray.put``s them itself. Units therefore live as long as the registry (a detached actor,
+so as long as the Ray cluster), independent of any writer; they leave through ``delete_many``. The cost
+is one extra copy inside the object store per write. Readers borrow the refs: a unit deleted while a
+reader still holds its array stays readable for that reader.
+
+Bytes travel as one-dimensional ``uint8`` arrays, which Ray serialises out of band (raw buffers, no
+pickling of the data). On one node a read maps the object and copies only the requested ranges; across
+nodes Ray transfers whole objects, which this store cannot see and does not count.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument, StoreError, StoreFullError, UnitNotFound
+from knittrans.store.buffers import BufferLike
+from knittrans.store.hashing import content_hash
+from knittrans.store.protocol import PutResult, ReadStats, UnitRead, UnitWrite, dedupe_writes
+from knittrans.types import ByteRange, UnitKey
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REGISTRY = "knittrans-units"
+DEFAULT_NAMESPACE = "knittrans"
+
+
+class UnitRegistry:
+    """The actor that owns the units: key -> (object ref, size). Runs inside Ray; plain data in and out."""
+
+    def __init__(self) -> None:
+        self._units: dict[str, tuple[Any, int]] = {}
+
+    def put_many(
+        self, keys: list[str], content_addressed: list[bool], payloads: list[np.ndarray]
+    ) -> tuple[str, str, list[str], list[str]]:
+        """Returns (status, key, created, present); status is ok, conflict or full. All or nothing."""
+        import ray
+
+        for key, addressed, payload in zip(keys, content_addressed, payloads, strict=True):
+            stored = self._units.get(key)
+            if stored is None or addressed:
+                continue
+            ref, size = stored
+            if size != payload.nbytes or content_hash(ray.get(ref)) != content_hash(payload):
+                return "conflict", key, [], []
+        created: list[str] = []
+        present: list[str] = []
+        try:
+            for key, payload in zip(keys, payloads, strict=True):
+                if key in self._units:
+                    present.append(key)
+                    continue
+                self._units[key] = (ray.put(payload), payload.nbytes)
+                created.append(key)
+        except ray.exceptions.ObjectStoreFullError:
+            for key in created:
+                self._units.pop(key, None)
+            return "full", key, [], []
+        return "ok", "", created, present
+
+    def lookup(self, keys: list[str]) -> list[Any]:
+        """Refs (borrowed by the caller) or None for missing keys; a list so Ray does not resolve them."""
+        return [self._units[key][0] if key in self._units else None for key in keys]
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        return [key in self._units for key in keys]
+
+    def delete_many(self, keys: list[str]) -> int:
+        return sum(1 for key in keys if self._units.pop(key, None) is not None)
+
+    def count(self) -> int:
+        return len(self._units)
+
+
+def registry_actor(name: str = DEFAULT_REGISTRY, namespace: str = DEFAULT_NAMESPACE) -> Any:
+    """The named registry actor, created on first use; it outlives its creator (detached)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise FailedPrecondition("Ray is not initialised; call ray.init() before opening a ray:// store")
+    remote_class = ray.remote(num_cpus=0, max_restarts=0)(UnitRegistry)
+    return remote_class.options(
+        name=name, namespace=namespace, get_if_exists=True, lifetime="detached"
+    ).remote()
+
+
+class RayUnitStore:
+    """A :class:`~knittrans.store.protocol.UnitStore` over the Ray object store."""
+
+    def __init__(self, *, registry: str = DEFAULT_REGISTRY, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self._registry_name = registry
+        self._namespace = namespace
+        self._registry = registry_actor(registry, namespace)
+        self._stats = ReadStats()
+
+    @property
+    def backend(self) -> str:
+        return "ray"
+
+    @property
+    def stats(self) -> ReadStats:
+        return self._stats
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(getattr(self._registry, method).remote(*args))
+        except ray.exceptions.ObjectStoreFullError as exc:
+            raise StoreFullError(f"ray object store is full: {exc}") from exc
+        except ray.exceptions.RayError as exc:
+            raise StoreError(f"ray registry {self._registry_name!r} failed: {exc}") from exc
+
+    def put_many(self, writes: Sequence[UnitWrite]) -> PutResult:
+        unique = dedupe_writes(writes)
+        addressed = [w.key for w in unique if w.content_addressed]
+        known: list[str] = []
+        if addressed:  # do not ship bytes the registry already holds
+            known = [k for k, held in zip(addressed, self._call("exists", addressed), strict=True) if held]
+            unique = [w for w in unique if w.key not in set(known)]
+        if not unique:
+            return PutResult(already_present=tuple(map(UnitKey, known)))
+        status, key, created, present = self._call(
+            "put_many",
+            [w.key for w in unique],
+            [w.content_addressed for w in unique],
+            [np.frombuffer(w.data, dtype=np.uint8) for w in unique],
+        )
+        if status == "conflict":
+            raise Conflict("key already holds different content", field=key)
+        if status == "full":
+            raise StoreFullError("ray object store is full", field=key)
+        return PutResult(created=tuple(map(UnitKey, created)), already_present=tuple(map(UnitKey, known + present)))
+
+    def get_into(self, key: UnitKey, buffer: BufferLike, ranges: Sequence[ByteRange] | None = None) -> int:
+        return self.get_many_into([UnitRead.of(key, buffer, ranges)])[0]
+
+    def get_many_into(self, reads: Sequence[UnitRead]) -> list[int]:
+        import ray
+
+        if not reads:
+            return []
+        refs = self._call("lookup", [r.key for r in reads])
+        for read, ref in zip(reads, refs, strict=True):
+            if ref is None:
+                raise UnitNotFound("no such unit", field=read.key)
+        try:
+            arrays = ray.get(refs)
+        except ray.exceptions.RayError as exc:
+            raise StoreError(f"ray could not fetch units: {exc}") from exc
+        results = []
+        try:
+            for read, array in zip(reads, arrays, strict=True):
+                results.append(_copy_ranges(read, memoryview(array).cast("B")))
+        finally:
+            copied = sum(results)
+            self._stats.record(units=len(results), requested_bytes=copied, moved_bytes=copied)
+        return results
+
+    def exists(self, keys: Sequence[UnitKey]) -> list[bool]:
+        return list(self._call("exists", list(keys))) if keys else []
+
+    def delete_many(self, keys: Sequence[UnitKey]) -> int:
+        return int(self._call("delete_many", list(dict.fromkeys(keys)))) if keys else 0
+
+    def count(self) -> int:
+        return int(self._call("count"))
+
+    def register_buffer(self, buffer: BufferLike) -> None:
+        return None
+
+    def unregister_buffer(self, buffer: BufferLike) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def destroy(self) -> None:
+        """Kill the registry actor, dropping every unit it owns (end of a job, tests)."""
+        import ray
+
+        ray.kill(self._registry, no_restart=True)
+
+
+def _copy_ranges(read: UnitRead, source: memoryview) -> int:
+    size = source.nbytes
+    if read.ranges is None:
+        if size > read.buffer.nbytes:
+            raise InvalidArgument(f"the unit has {size} bytes, the buffer {read.buffer.nbytes}", field="buffer")
+        read.buffer[:size] = source
+        return size
+    position = 0
+    for byte_range in read.ranges:
+        if byte_range.end > size:
+            raise InvalidArgument(
+                f"range [{byte_range.offset}, {byte_range.end}) is outside the unit's {size} bytes", field="range"
+            )
+    for byte_range in read.ranges:
+        read.buffer[position : position + byte_range.length] = source[byte_range.offset : byte_range.end]
+        position += byte_range.length
+    return position

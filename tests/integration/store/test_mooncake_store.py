@@ -1,0 +1,138 @@
+"""Mooncake-specific behaviour against a real master and segment owner."""
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from knittrans.errors import StoreFullError, Unavailable
+from knittrans.launch.ports import free_port
+from knittrans.store.arrays import array_bytes, header_of
+from knittrans.store.keys import trajectory_unit_key
+from knittrans.store.mooncake import MooncakeStoreConfig, MooncakeUnitStore
+from knittrans.store.mooncake_errors import MooncakeCode
+from knittrans.store.protocol import UnitWrite
+from knittrans.types import DType, TrajectoryId, UnitKey, VersionSegment
+from tests.fixtures.mooncake import mooncake_store_config
+
+MIB = 1 << 20
+
+
+def mib_unit(key: str, seed: int, mib: int = 1) -> tuple[UnitWrite, np.ndarray]:
+    array = np.random.default_rng(seed).integers(0, 255, size=mib * MIB, dtype=np.uint8)
+    return UnitWrite.of(key, header_of(array, DType.UINT8, sequence=True), array_bytes(array)), array
+
+
+@pytest.fixture
+def small_store(small_mooncake_cluster):
+    store = MooncakeUnitStore(mooncake_store_config(small_mooncake_cluster, full_retry_seconds=1.0))
+    yield store
+    store.close()
+
+
+def test_filling_past_the_eviction_watermark_loses_no_acknowledged_unit(small_store, small_mooncake_cluster):
+    capacity = small_mooncake_cluster.config.segment_size
+    raw = small_store.raw_client
+    acknowledged: dict[str, np.ndarray] = {}
+    # pinned units up to about a third of the store
+    for i in range(10):
+        write, array = mib_unit(f"evict/pinned/{i}", i)
+        small_store.put_many([write])
+        acknowledged[write.key] = array
+    # unpinned objects written with the raw client push it far past the 90% watermark
+    from mooncake.store import ReplicateConfig
+
+    filler = np.zeros(MIB, dtype=np.uint8)
+    unpinned = [f"evict/unpinned/{i}" for i in range(40)]
+    stored_unpinned = [k for k in unpinned if raw.put_from(k, filler.ctypes.data, MIB, ReplicateConfig()) == 0]
+    # keep writing pinned units until the store refuses: eviction makes room by dropping unpinned objects only
+    with pytest.raises(StoreFullError):
+        for i in range(10, 100):
+            write, array = mib_unit(f"evict/pinned/{i}", i)
+            small_store.put_many([write])
+            acknowledged[write.key] = array
+    assert len(acknowledged) * MIB > 0.9 * capacity
+    time.sleep(1.0)  # eviction runs asynchronously on the master
+    keys = [UnitKey(k) for k in acknowledged]
+    assert small_store.exists(keys) == [True] * len(keys)
+    for key, array in acknowledged.items():
+        out = np.empty_like(array)
+        small_store.get_into(UnitKey(key), out)
+        np.testing.assert_array_equal(out, array)
+    surviving_unpinned = sum(raw.batch_is_exist(stored_unpinned)) if stored_unpinned else 0
+    assert surviving_unpinned < len(stored_unpinned), "eviction never ran, so this test proved nothing"
+    small_store.delete_many([UnitKey(k) for k in unpinned] + keys)
+
+
+def test_a_put_that_does_not_fit_raises_store_full_and_leaves_nothing(small_store, small_mooncake_cluster):
+    capacity_mib = small_mooncake_cluster.config.segment_size // MIB
+    fillers = [mib_unit(f"full/filler/{i}", i)[0] for i in range(capacity_mib - 3)]
+    small_store.put_many(fillers)
+    fits, _ = mib_unit("full/fits", 100)
+    too_big, _ = mib_unit("full/too-big", 101, mib=4)
+    with pytest.raises(StoreFullError):
+        small_store.put_many([fits, too_big])  # after waiting full_retry_seconds for space
+    assert small_store.exists([fits.key, too_big.key]) == [False, False]
+    small_store.delete_many([w.key for w in fillers])
+    assert small_store.put_many([too_big]).created == (too_big.key,)
+    small_store.delete_many([too_big.key])
+
+
+def test_delete_waits_out_a_read_lease(mooncake_store):
+    write, array = mib_unit("lease/a", 7)
+    mooncake_store.put_many([write])
+    out = np.empty_like(array)
+    mooncake_store.get_into(write.key, out)  # the read takes a lease on the unit
+    assert mooncake_store.raw_client.remove(write.key, False) == MooncakeCode.OBJECT_HAS_LEASE
+    assert mooncake_store.delete_many([write.key]) == 1
+    assert mooncake_store.exists([write.key]) == [False]
+
+
+WRITER = """
+import sys, numpy as np
+from knittrans.store.arrays import array_bytes, header_of
+from knittrans.store.mooncake import MooncakeStoreConfig, MooncakeUnitStore
+from knittrans.store.protocol import UnitWrite
+from knittrans.types import DType
+store = MooncakeUnitStore(MooncakeStoreConfig(master_address=sys.argv[1]))
+array = np.arange(1 << 16, dtype=np.int32)
+store.put_many([UnitWrite.of("outlive/a", header_of(array, DType.INT32, sequence=True), array_bytes(array))])
+store.close()
+"""
+
+
+def test_units_outlive_the_process_that_wrote_them(mooncake_cluster, mooncake_store):
+    subprocess.run([sys.executable, "-c", WRITER, mooncake_cluster.master_address], check=True, capture_output=True,
+                   timeout=60)
+    out = np.zeros(1 << 16, dtype=np.int32)
+    mooncake_store.get_into(UnitKey("outlive/a"), out)
+    np.testing.assert_array_equal(out, np.arange(1 << 16, dtype=np.int32))
+    mooncake_store.delete_many([UnitKey("outlive/a")])
+
+
+def test_unreachable_master_is_unavailable():
+    with pytest.raises(Unavailable):
+        MooncakeUnitStore(MooncakeStoreConfig(master_address=f"127.0.0.1:{free_port()}", connect_timeout_seconds=1))
+
+
+def test_a_submit_that_fills_the_store_leaves_none_of_its_units(small_store, small_mooncake_cluster):
+    from knittrans.rollout import RolloutClient
+
+    capacity_mib = small_mooncake_cluster.config.segment_size // MIB
+    fillers = [mib_unit(f"submit-full/filler/{i}", i)[0] for i in range(capacity_mib - 6)]
+    small_store.put_many(fillers)
+    tokens = 1 << 18
+    fields = {  # batches of 2 + 1 MiB, then 4 MiB, which does not fit: the first batch must be removed again
+        "input_ids": np.arange(tokens, dtype=np.int64),
+        "logprobs": np.zeros(tokens, dtype=np.float32),
+        "routing": np.ones((tokens, 16), dtype=np.uint8),
+    }
+    client = RolloutClient(small_store, namespace="submit-full", batch_bytes=3 * MIB)
+    with pytest.raises(StoreFullError):
+        client.submit(fields, trajectory_id="big", sample_id="s", source="math", rollout_step=0,
+                      segments=[VersionSegment(version=0, num_tokens=tokens)], loss_mask_field=None)
+    keys = [trajectory_unit_key("submit-full", TrajectoryId("big"), name) for name in fields]
+    assert small_store.exists(keys) == [False, False, False]
+    small_store.delete_many([w.key for w in fillers])
