@@ -33,7 +33,8 @@ sysdeps:
 	fi
 
 demo: sysdeps venv
-	$(VENV)/bin/knittrans demo
+	$(VENV)/bin/knittrans replay --trace examples/traces/skewed-4src.jsonl --config examples/replay/skewed-4src.yaml \
+	  --policy all --json demo-out/replay.json --plot demo-out/replay.png
 
 test: sysdeps venv
 	$(PY) -m pytest -q

@@ -15,7 +15,7 @@ class UnitsDeleted(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JournalRecord(_message.Message):
-    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted")
+    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait")
     AT_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class JournalRecord(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
     at: float
     report: _admission_service_pb2.ReportTrajectoriesRequest
     scheduled: _admission_service_pb2.ReportScheduledRequest
@@ -32,4 +33,5 @@ class JournalRecord(_message.Message):
     version: _admission_service_pb2.AdvanceVersionRequest
     progress: _admission_service_pb2.ReportProgressRequest
     deleted: UnitsDeleted
-    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ...) -> None: ...
+    wait: _admission_pb2.AdmissionWait
+    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ...) -> None: ...

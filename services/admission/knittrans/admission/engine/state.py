@@ -1,0 +1,393 @@
+"""The engine's state: the ready pool and the train batch being admitted, changed only by explicit transitions.
+
+The state is a deterministic function of the sequence of calls made on it (``add``, ``add_scheduled``,
+``expect_group``, ``apply``), so a caller that journals those calls rebuilds it exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from knittrans.admission.engine.completion import CompletionTracker
+from knittrans.admission.engine.config import EngineConfig
+from knittrans.admission.engine.decisions import QUOTA_REASONS, Admit, BlockingReason, Decision, Drop, Wait
+from knittrans.admission.engine.entries import PoolEntry
+from knittrans.admission.engine.pool import NO_VERSION, PooledUnit, ReadyPool
+from knittrans.admission.engine.quotas import Plan, progressive_target
+from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
+from knittrans.types import AdmissionUnit, SampleId, SourceName, TrajectoryId
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceStatus:
+    source: SourceName
+    quota: int  # τ_i
+    admitted: int  # b_i in the current train batch
+    ready: int  # units of this source in the pool
+    target: int = 0  # ⌈τ_{i,t}⌉, its progressive target for the next mini-batch (0 without source predicates)
+
+    @property
+    def slack(self) -> int:
+        """s_i − τ_i: rollout-side count minus the final quota (negative while short)."""
+        return self.ready + self.admitted - self.quota
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStatus:
+    """A snapshot for ``GetStatus`` and metrics."""
+
+    train_batch_index: int
+    minibatches_admitted: int
+    num_minibatches: int
+    train_version: int
+    pool_size: int
+    sources: tuple[SourceStatus, ...]
+    blocking: BlockingReason
+    blocked_since: float | None
+    relaxed: bool
+
+
+class _PendingGroup:
+    """A sample whose reports are not all in yet (admission unit ``group``)."""
+
+    __slots__ = ("accepted", "oldest_version", "ready_at", "reported", "size", "source")
+
+    def __init__(self, source: int, size: int) -> None:
+        self.source = source
+        self.size = size
+        self.reported = 0
+        self.accepted: list[TrajectoryId] = []
+        self.oldest_version = NO_VERSION
+        self.ready_at = 0.0  # when its last trajectory was reported
+
+
+class AdmissionState:
+    """The ready pool and the train batch being admitted.
+
+    Read it through its properties and :meth:`status`; change it only through :meth:`add`,
+    :meth:`add_scheduled`, :meth:`expect_group` and :meth:`apply`. :func:`decide` reads the underscored
+    fields directly, for speed; nothing else should.
+    """
+
+    def __init__(self, config: EngineConfig, *, version: int = 0) -> None:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise InvalidArgument(f"must be a non-negative integer, got {version!r}", field="version")
+        self.config = config
+        self.plan = Plan.build(config)
+        self._source_index = {name: i for i, name in enumerate(self.plan.sources)}
+        num_sources = len(self.plan.sources)
+        self._pool = ReadyPool(num_sources)
+        self._grouped = self.plan.admission_unit is AdmissionUnit.GROUP
+        # Trajectory -> its group, for the members of pending and pooled groups. Without groups a unit's id
+        # is its trajectory's id, so no map is needed.
+        self._unit_of: dict[TrajectoryId, str] = {}
+        self._groups: dict[SampleId, _PendingGroup] = {}
+        self._group_sizes: dict[SampleId, int] = {}
+        self._closed_samples: set[SampleId] = set()
+        self._filtered: list[TrajectoryId] = []
+        self._completion = (
+            CompletionTracker(self.plan.completion_quota) if self.plan.completion_quota is not None else None
+        )
+        self._version_base = version
+        self._seq = 0
+        # The train batch being admitted.
+        self._batch = 0
+        self._minibatch = 0
+        self._admitted = [0] * num_sources  # b_i
+        self._admitted_total = 0  # b_0
+        self._carry = [0] * num_sources  # s_{i,0}
+        self._carry_total = 0  # s_{0,0}
+        self._carry_seq = 0  # units with a lower seq were in the pool when the train batch started
+        self._relaxed = False
+        # Targets of the next mini-batch, kept current by every transition that changes them.
+        self._units_needed = 0  # ready units the size predicate needs: max(m_t, ⌈τ_{0,t}⌉ − b₀)
+        self._source_targets: list[int] = []  # ⌈τ_{i,t}⌉; empty when the policy has no source predicates
+        # Wait details for those targets, built once per target change: a wait that repeats the wait in force
+        # (same reason, same detail object) is returned as that same object, so waiting allocates nothing.
+        self._size_detail = ""
+        self._source_details: list[str] = []
+        self._last_wait: Wait | None = None
+        self._refresh_targets()
+        self._blocking = BlockingReason.NONE
+        self._blocked_since: float | None = None
+        self._starving_since: float | None = None
+
+    # -- read-only views -------------------------------------------------------------------------------
+
+    @property
+    def train_batch_index(self) -> int:
+        return self._batch
+
+    @property
+    def minibatches_admitted(self) -> int:
+        """Mini-batches of the current train batch admitted so far (the 0-based index of the next one)."""
+        return self._minibatch
+
+    @property
+    def train_version(self) -> int:
+        """The policy version that trains the current train batch: v₀ + its index."""
+        return self._version_base + self._batch
+
+    @property
+    def pool_size(self) -> int:
+        return self._pool.total
+
+    @property
+    def blocking(self) -> BlockingReason:
+        return self._blocking
+
+    def pool_counts(self) -> dict[SourceName, int]:
+        return dict(zip(self.plan.sources, self._pool.counts(), strict=True))
+
+    def admitted_counts(self) -> dict[SourceName, int]:
+        return dict(zip(self.plan.sources, self._admitted, strict=True))
+
+    def source_targets(self) -> dict[SourceName, int]:
+        """⌈τ_{i,t}⌉ per source for the next mini-batch; empty when the policy has no source predicates."""
+        return dict(zip(self.plan.sources, self._source_targets, strict=False))
+
+    def status(self) -> EngineStatus:
+        counts = self._pool.counts()
+        return EngineStatus(
+            train_batch_index=self._batch,
+            minibatches_admitted=self._minibatch,
+            num_minibatches=self.plan.num_minibatches,
+            train_version=self.train_version,
+            pool_size=self._pool.total,
+            sources=tuple(
+                SourceStatus(source=name, quota=quota, admitted=admitted, ready=ready, target=target)
+                for name, quota, admitted, ready, target in zip(
+                    self.plan.sources,
+                    self.plan.quotas,
+                    self._admitted,
+                    counts,
+                    self._source_targets or [0] * len(counts),
+                    strict=True,
+                )
+            ),
+            blocking=self._blocking,
+            blocked_since=self._blocked_since,
+            relaxed=self._relaxed,
+        )
+
+    # -- inputs ----------------------------------------------------------------------------------------
+
+    def add(self, entry: PoolEntry) -> None:
+        """Report one finished trajectory. Filtered ones are dropped by the next decision."""
+        source = self._source_index.get(entry.source)
+        if source is None:
+            known = ", ".join(self.plan.sources)
+            raise InvalidArgument(f"unknown source {entry.source!r}; configured: {known}", field="source")
+        trajectory_id = entry.trajectory_id
+        if trajectory_id in self._unit_of or trajectory_id in self._pool.units:
+            raise Conflict(f"trajectory {trajectory_id!r} is already in the pool", field="trajectory_id")
+        if self._completion is not None:
+            self._completion.add_completed(entry.rollout_step)
+        if self._grouped:
+            self._add_to_group(entry, source)
+        elif entry.accepted:
+            seq = self._seq
+            self._seq = seq + 1
+            key = (entry.oldest_version, entry.ready_at, trajectory_id)
+            self._pool.insert(PooledUnit(key, source, (trajectory_id,), seq))
+        else:
+            self._filtered.append(trajectory_id)
+
+    def add_scheduled(self, rollout_step: int, count: int = 1) -> None:
+        """Declare ``count`` trajectories scheduled at ``rollout_step`` (for completion quotas)."""
+        if not isinstance(rollout_step, int) or isinstance(rollout_step, bool) or rollout_step < 0:
+            raise InvalidArgument(f"must be a non-negative integer, got {rollout_step!r}", field="rollout_step")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise InvalidArgument(f"must be a non-negative integer, got {count!r}", field="count")
+        if self._completion is not None and count:
+            self._completion.add_scheduled(rollout_step, count)
+
+    def expect_group(self, sample_id: SampleId, size: int) -> None:
+        """Declare how many trajectories ``sample_id`` has (admission unit ``group``); else ``group_size``."""
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise InvalidArgument(f"must be a positive integer, got {size!r}", field="size")
+        pending = self._groups.get(sample_id)
+        if pending is not None and pending.reported > size:
+            raise InvalidArgument(
+                f"sample {sample_id!r} already has {pending.reported} trajectories", field="size"
+            )
+        self._group_sizes[sample_id] = size
+        if pending is not None:
+            pending.size = size
+            self._close_group_if_complete(sample_id, pending)
+
+    def apply(self, decision: Decision) -> None:
+        """Carry out a decision returned by :func:`decide` on this state (waits included)."""
+        kind = type(decision)
+        if kind is Wait:  # by far the most frequent
+            assert isinstance(decision, Wait)
+            reason = decision.reason
+            if reason is not self._blocking:
+                self._blocking = reason
+                self._blocked_since = decision.since
+            self._last_wait = decision
+            if reason in QUOTA_REASONS:
+                if self._starving_since is None:
+                    self._starving_since = decision.since
+            else:
+                self._starving_since = None
+        elif kind is Admit:
+            assert isinstance(decision, Admit)
+            self._apply_admit(decision)
+        elif kind is Drop:
+            assert isinstance(decision, Drop)
+            self._apply_drop(decision)
+        else:
+            raise InvalidArgument(f"not a decision: {decision!r}", field="decision")
+
+    # -- transitions -----------------------------------------------------------------------------------
+
+    def _add_to_group(self, entry: PoolEntry, source: int) -> None:
+        sample_id = entry.sample_id
+        pending = self._groups.get(sample_id)
+        if pending is None:
+            if sample_id in self._closed_samples:
+                raise InvalidArgument(f"sample {sample_id!r} already has all its trajectories", field="sample_id")
+            size = self._group_sizes.get(sample_id, self.plan.group_size)
+            if size is None:
+                raise InvalidArgument(
+                    f"the size of group {sample_id!r} is unknown: set group_size or call expect_group",
+                    field="group_size",
+                )
+            pending = self._groups[sample_id] = _PendingGroup(source, size)
+        elif pending.source != source:
+            raise InvalidArgument(
+                f"sample {sample_id!r} has trajectories from {self.plan.sources[pending.source]!r} and "
+                f"{entry.source!r}",
+                field="source",
+            )
+        pending.reported += 1
+        pending.ready_at = max(pending.ready_at, entry.ready_at)
+        if entry.accepted:
+            pending.accepted.append(entry.trajectory_id)
+            self._unit_of[entry.trajectory_id] = sample_id
+            pending.oldest_version = min(pending.oldest_version, entry.oldest_version)
+        else:
+            self._filtered.append(entry.trajectory_id)
+        self._close_group_if_complete(sample_id, pending)
+
+    def _close_group_if_complete(self, sample_id: SampleId, pending: _PendingGroup) -> None:
+        if pending.reported < pending.size:
+            return
+        del self._groups[sample_id]
+        self._group_sizes.pop(sample_id, None)
+        self._closed_samples.add(sample_id)
+        if pending.accepted:
+            members = tuple(sorted(pending.accepted))
+            key = (pending.oldest_version, pending.ready_at, sample_id)
+            self._pool.insert(PooledUnit(key, pending.source, members, self._seq))
+            self._seq += 1
+
+    def _apply_admit(self, admit: Admit) -> None:
+        if admit.train_batch_index != self._batch or admit.minibatch_index != self._minibatch:
+            raise FailedPrecondition(
+                f"decision for mini-batch {admit.minibatch_index} of train batch {admit.train_batch_index}, "
+                f"but the state is at mini-batch {self._minibatch} of train batch {self._batch}"
+            )
+        size = self.plan.sizes[self._minibatch]
+        units = self._take_units(admit.trajectory_ids, size)
+        for unit in units:
+            self._admitted[unit.source] += 1
+        if self._grouped:
+            for unit in units:
+                for trajectory_id in unit.trajectory_ids:
+                    del self._unit_of[trajectory_id]
+        self._admitted_total += size
+        self._minibatch += 1
+        self._blocking = BlockingReason.NONE
+        self._blocked_since = admit.admitted_at
+        self._last_wait = None
+        self._starving_since = None
+        if admit.relaxed:
+            self._relaxed = True
+        if self._minibatch == self.plan.num_minibatches:
+            self._start_next_train_batch()
+        self._refresh_targets()
+
+    def _take_units(self, trajectory_ids: tuple[TrajectoryId, ...], size: int) -> list[PooledUnit]:
+        """Check, then remove, the units of these trajectories; a source's prefix goes in O(1) per unit."""
+        pool_units = self._pool.units
+        unit_ids: list[str] = []
+        for trajectory_id in trajectory_ids:
+            unit_id = self._unit_of.get(trajectory_id) if self._grouped else trajectory_id
+            if unit_id is None or unit_id not in pool_units:
+                raise InvalidArgument(f"trajectory {trajectory_id!r} is not in the pool", field="trajectory_ids")
+            unit_ids.append(unit_id)
+        if self._grouped:
+            unit_ids = list(dict.fromkeys(unit_ids))
+        if len(unit_ids) != size or len(set(unit_ids)) != size:
+            raise InvalidArgument(
+                f"admits {len(set(unit_ids))} units, the mini-batch takes {size}", field="trajectory_ids"
+            )
+        by_source: dict[int, list[str]] = {}
+        members = 0
+        for unit_id in unit_ids:
+            unit = pool_units[unit_id]
+            members += len(unit.trajectory_ids)
+            by_source.setdefault(unit.source, []).append(unit_id)
+        if members != len(trajectory_ids):
+            raise InvalidArgument("must list every trajectory of each admitted group once", field="trajectory_ids")
+        pool = self._pool
+        # Admissions from decide list each source's units in policy order, at its head.
+        if all(pool.is_prefix(source, ids) for source, ids in by_source.items()):
+            return pool.take_prefixes({source: len(ids) for source, ids in by_source.items()})
+        return pool.remove_all(unit_ids)
+
+    def _apply_drop(self, drop: Drop) -> None:
+        dropped = set(drop.trajectory_ids)
+        if self._filtered:
+            filtered = dropped.intersection(self._filtered)
+            if filtered:
+                self._filtered = [t for t in self._filtered if t not in filtered]
+                dropped -= filtered
+        pool = self._pool
+        unit_ids = {self._unit_of.get(t) if self._grouped else t for t in dropped}
+        # Members of groups still waiting for their other trajectories are not in the pool yet.
+        removed = pool.remove_all(sorted(u for u in unit_ids if u is not None and u in pool))
+        carry_changed = False
+        for unit in removed:
+            for member in unit.trajectory_ids:
+                self._unit_of.pop(member, None)
+            if unit.seq < self._carry_seq:
+                self._carry[unit.source] -= 1
+                self._carry_total -= 1
+                carry_changed = True
+        if carry_changed:
+            self._refresh_targets()
+
+    def _refresh_targets(self) -> None:
+        plan = self.plan
+        t = self._minibatch
+        where = f"mini-batch {t + 1}/{plan.num_minibatches} of train batch {self._batch}"
+        size_target = progressive_target(self._carry_total, plan.train_batch_size, plan.size_alpha[t])
+        self._units_needed = max(plan.sizes[t], size_target - self._admitted_total)
+        self._size_detail = f"{where} needs {self._units_needed} ready units"
+        if plan.source_alpha is None:
+            self._source_targets = []
+            self._source_details = []
+        else:
+            alpha = plan.source_alpha[t]
+            self._source_targets = [
+                progressive_target(carry, quota, alpha) for carry, quota in zip(self._carry, plan.quotas, strict=True)
+            ]
+            self._source_details = [
+                f"source {name} is below its target {target} (quota {quota}, ready plus admitted) for {where}"
+                for name, target, quota in zip(plan.sources, self._source_targets, plan.quotas, strict=True)
+            ]
+
+    def _start_next_train_batch(self) -> None:
+        self._batch += 1
+        self._minibatch = 0
+        self._admitted = [0] * len(self._admitted)
+        self._admitted_total = 0
+        self._carry = self._pool.counts()
+        self._carry_total = self._pool.total
+        self._carry_seq = self._seq
+        self._relaxed = False
+        if self._completion is not None:
+            self._completion.start_train_batch()

@@ -1,0 +1,78 @@
+"""Wiring of one admission service process: ledger, journal, store, servicer and gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from knittrans.admission.service.journal import Journal, open_journal
+from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
+from knittrans.admission.service.metrics import AdmissionMetrics
+from knittrans.admission.service.servicer import AdmissionServicer
+from knittrans.admission.service.settings import AdmissionServiceSettings
+from knittrans.serving.server import RunningServer, start_server
+from knittrans.store.factory import open_store
+from knittrans.store.protocol import UnitStore
+from knittrans.v1 import admission_service_pb2, admission_service_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = admission_service_pb2.DESCRIPTOR.services_by_name["AdmissionService"].full_name
+
+
+@dataclass
+class AdmissionService:
+    settings: AdmissionServiceSettings
+    servicer: AdmissionServicer
+    server: RunningServer
+    journal: Journal
+    store: UnitStore | None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.servicer.close()
+        await self.server.stop(self.settings.server.grace_seconds if grace is None else grace)
+        await self.journal.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+
+async def start_admission_service(settings: AdmissionServiceSettings) -> AdmissionService:
+    registry = CollectorRegistry()
+    ledger = AdmissionLedger(
+        LedgerSettings(
+            engine=settings.engine,
+            topology=settings.topology,
+            label_fields=settings.label_fields,
+            initial_version=settings.initial_version,
+            max_report_batch=settings.max_report_batch,
+        )
+    )
+    metrics = AdmissionMetrics(registry, settings.engine.sources)
+    if settings.engine.staleness_bound is not None:
+        metrics.staleness_bound.set(settings.engine.staleness_bound)
+    journal = open_journal(settings.state, job=settings.job)
+    store = open_store(settings.store, job=settings.job) if settings.store else None
+    servicer = AdmissionServicer(
+        ledger=ledger,
+        journal=journal,
+        metrics=metrics,
+        job=settings.job,
+        delete_keys=(lambda keys: store.delete_many(keys)) if store is not None else None,
+        delete_batch_size=settings.delete_batch_size,
+    )
+    await servicer.recover()
+
+    def add_services(server) -> list[str]:
+        admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    server = await start_server(settings.server, add_services=add_services, registry=registry)
+    servicer.start_background()
+    return AdmissionService(settings=settings, servicer=servicer, server=server, journal=journal, store=store)

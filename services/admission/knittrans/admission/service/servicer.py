@@ -1,0 +1,353 @@
+"""The gRPC shell of the admission service: translate, journal, apply, publish.
+
+Every state change follows the same path under one lock: build a journal record, append it (Redis when
+configured), apply it to the :class:`AdmissionLedger`, then act on what changed (wake assignment streams,
+queue unit deletions, update metrics). After every input the engine is asked for decisions until it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+from grpc import aio
+
+from knittrans.admission.engine.decisions import Admit, BlockingReason, Drop, Wait
+from knittrans.admission.service.journal import Journal
+from knittrans.admission.service.ledger import AdmissionLedger, Applied, MiniBatch, blocking_to_proto
+from knittrans.admission.service.metrics import AdmissionMetrics
+from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
+from knittrans.types import ConsumerId
+from knittrans.v1 import admission_service_pb2 as pb
+from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
+from knittrans.wire import consumer_from_proto, topology_to_proto, within
+
+logger = logging.getLogger(__name__)
+
+_STAGES = (pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
+
+
+def _consumer(message, field: str) -> ConsumerId:
+    return within(field, lambda: consumer_from_proto(message))
+
+
+class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
+    def __init__(
+        self,
+        *,
+        ledger: AdmissionLedger,
+        journal: Journal,
+        metrics: AdmissionMetrics,
+        job: str,
+        delete_keys: Callable[[list[str]], None] | None = None,
+        delete_batch_size: int = 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._journal = journal
+        self._metrics = metrics
+        self._job = job
+        self._delete_keys = delete_keys
+        self._delete_batch_size = delete_batch_size
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._published = asyncio.Condition()
+        self._deletions: asyncio.Queue[str] = asyncio.Queue()
+        self._background: list[asyncio.Task] = []
+        self._wake_handle: asyncio.TimerHandle | None = None
+        self._last_admission_at: float | None = None
+        self._failure: str = ""
+        self._violations_exported = 0
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Rebuild the ledger from the journal; returns the number of records replayed."""
+        count = 0
+        async for record in self._journal.replay():
+            self._ledger.apply(record)
+            count += 1
+        for key in self._ledger.pending_deletes:
+            self._deletions.put_nowait(key)
+        if count:
+            logger.info(
+                "recovered %d journal records: %d mini-batches admitted, version %d",
+                count, self._ledger.next_sequence - 1, self._ledger.version,
+            )
+        async with self._lock:
+            await self._admit_until_wait()
+        self._refresh_gauges()
+        return count
+
+    def start_background(self) -> None:
+        self._background.append(asyncio.create_task(self._delete_released(), name="delete-released"))
+        self._background.append(asyncio.create_task(self._tick_gauges(), name="gauges"))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._wake_handle is not None:
+            self._wake_handle.cancel()
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        async with self._published:
+            self._published.notify_all()
+
+    # -- the commit path -------------------------------------------------------------------------------
+
+    async def _commit(self, record: journal_pb2.JournalRecord) -> Applied:
+        await self._journal.append(record)
+        applied = self._ledger.apply(record)
+        await self._after(applied, record)
+        return applied
+
+    async def _after(self, applied: Applied, record: journal_pb2.JournalRecord) -> None:
+        metrics = self._metrics
+        if applied.admitted is not None:
+            self._on_admitted(applied.admitted, record.at)
+            async with self._published:
+                self._published.notify_all()
+        if applied.dropped:
+            metrics.dropped.labels(applied.drop_reason.value).inc(len(applied.dropped))
+        for key in applied.freed_keys:
+            self._deletions.put_nowait(key)
+        if applied.version_changed:
+            metrics.policy_version.set(self._ledger.version)
+
+    def _on_admitted(self, minibatch: MiniBatch, at: float) -> None:
+        metrics = self._metrics
+        metrics.admitted_minibatches.inc()
+        admission = minibatch.admission
+        previous = self._last_admission_at
+        if previous is not None:
+            metrics.wait_seconds.observe(max(0.0, at - previous))
+        self._last_admission_at = at
+        for trajectory_id in minibatch.trajectory_ids:
+            message = self._ledger.reported[trajectory_id].message
+            if message is None:
+                continue
+            metrics.admitted_trajectories.labels(message.source).inc()
+            oldest = min(s.version for s in message.segments)
+            metrics.staleness.observe(admission.train_version - oldest)
+        logger.info(
+            "admitted mini-batch %d/%d of train batch %d (%d trajectories, sequence %d)",
+            admission.minibatch_index + 1, admission.num_minibatches, admission.train_batch_index,
+            len(minibatch.trajectory_ids), minibatch.sequence,
+        )
+
+    async def _admit_until_wait(self) -> None:
+        """Ask the engine for decisions until it waits; must hold the lock."""
+        while True:
+            now = self._clock()
+            try:
+                decision = self._ledger.decide(now)
+            except KnitTransError as exc:  # e.g. on_starvation: fail; reports stay acknowledged
+                if str(exc) != self._failure:
+                    logger.error("admission stopped: %s", exc)
+                self._failure = str(exc)
+                return
+            self._failure = ""
+            record = self._ledger.record_for(decision, now)
+            if record is not None:
+                applied = await self._commit(record)
+                if applied.changed_blocking:
+                    logger.info("admission waiting: %s (%s)", decision.reason, getattr(decision, "detail", ""))
+            if isinstance(decision, Wait):
+                self._schedule_wake(decision.wake_at)
+                self._refresh_gauges()
+                return
+            if isinstance(decision, Admit | Drop):
+                continue
+
+    def _schedule_wake(self, wake_at: float | None) -> None:
+        if self._wake_handle is not None:
+            self._wake_handle.cancel()
+            self._wake_handle = None
+        if wake_at is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, wake_at - self._clock())
+        self._wake_handle = loop.call_later(delay, lambda: asyncio.ensure_future(self._wake()))
+
+    async def _wake(self) -> None:
+        async with self._lock:
+            await self._admit_until_wait()
+
+    # -- RPCs ------------------------------------------------------------------------------------------
+
+    async def ReportTrajectories(self, request: pb.ReportTrajectoriesRequest, context: aio.ServicerContext):
+        async with self._lock:
+            try:
+                classified = self._ledger.classify(request)
+            except InvalidArgument:
+                self._metrics.reports.labels("invalid").inc(len(request.trajectories))
+                raise
+            if classified.accepted:
+                record = journal_pb2.JournalRecord(
+                    at=self._clock(),
+                    report=pb.ReportTrajectoriesRequest(
+                        request_id=request.request_id, trajectories=classified.accepted
+                    ),
+                )
+                await self._commit(record)
+            await self._admit_until_wait()
+        counts = {"accepted": 0, "duplicate": 0, "conflict": 0}
+        names = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
+                 pb.REPORT_OUTCOME_CONFLICT: "conflict"}
+        for result in classified.results:
+            counts[names[result.outcome]] += 1
+        for outcome, count in counts.items():
+            if count:
+                self._metrics.reports.labels(outcome).inc(count)
+        return pb.ReportTrajectoriesResponse(results=classified.results)
+
+    async def ReportScheduled(self, request: pb.ReportScheduledRequest, context: aio.ServicerContext):
+        if request.count > 10_000_000:
+            raise InvalidArgument("is implausibly large", field="count")
+        async with self._lock:
+            record = journal_pb2.JournalRecord(at=self._clock(), scheduled=request)
+            if not (request.request_id and request.request_id in self._ledger.scheduled_requests):
+                await self._commit(record)
+                await self._admit_until_wait()
+        return pb.ReportScheduledResponse(total_scheduled=self._ledger.scheduled.get(request.rollout_step, 0))
+
+    async def RegisterConsumer(self, request: pb.RegisterConsumerRequest, context: aio.ServicerContext):
+        consumer = _consumer(request.consumer, "consumer")
+        self._ledger.check_consumer(consumer)
+        return pb.RegisterConsumerResponse(
+            topology=topology_to_proto(self._ledger.settings.topology),
+            acknowledged_sequence=self._ledger.acknowledged[consumer],
+            job=self._job,
+        )
+
+    async def WatchAssignments(
+        self, request: pb.WatchAssignmentsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchAssignmentsResponse]:
+        consumer = _consumer(request.consumer, "consumer")
+        self._ledger.check_consumer(consumer)
+        after = request.after_sequence
+        if after >= self._ledger.next_sequence + 1_000_000:
+            raise InvalidArgument("is far beyond the last assignment", field="after_sequence")
+        while True:
+            async with self._published:
+                await self._published.wait_for(lambda last=after: self._ledger.next_sequence - 1 > last or self._closed)
+                if self._closed:
+                    return
+                pending = self._ledger.pending_after(after)
+            for minibatch in pending:
+                yield self._assignment(minibatch, consumer)
+                after = minibatch.sequence
+
+    def _assignment(self, minibatch: MiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
+        plan = self._ledger.plan(minibatch)
+        part = plan.for_consumer(consumer)
+        return pb.WatchAssignmentsResponse(
+            sequence=minibatch.sequence,
+            admission=minibatch.admission,
+            global_loss_tokens=part.minibatch_loss_tokens,
+            assignment=part.to_proto(),
+        )
+
+    async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
+        consumer = _consumer(request.consumer, "consumer")
+        self._ledger.check_consumer(consumer)
+        if request.stage not in _STAGES:
+            raise InvalidArgument("must be DELIVERED or OPTIMIZER_STEP", field="stage")
+        if not 1 <= request.sequence < self._ledger.next_sequence:
+            raise InvalidArgument(
+                f"no assignment {request.sequence} (last is {self._ledger.next_sequence - 1})", field="sequence"
+            )
+        async with self._lock:
+            applied = await self._commit(journal_pb2.JournalRecord(at=self._clock(), progress=request))
+        if applied.released is not None:
+            logger.info("released mini-batch %d (%d units freed)", applied.released.sequence, len(applied.freed_keys))
+        return pb.ReportProgressResponse(released=applied.released is not None)
+
+    async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
+        async with self._lock:
+            ledger = self._ledger
+            if request.new_version > ledger.version:
+                admitted_up_to = ledger.engine.train_version
+                if request.new_version > admitted_up_to:
+                    raise FailedPrecondition(
+                        f"version {request.new_version} is ahead of the admitted train batches (next trains at "
+                        f"{admitted_up_to})"
+                    )
+                await self._commit(journal_pb2.JournalRecord(at=self._clock(), version=request))
+                await self._admit_until_wait()
+            return pb.AdvanceVersionResponse(version=ledger.version)
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: aio.ServicerContext):
+        ledger = self._ledger
+        status = ledger.engine.status()
+        reason, detail, since = ledger.blocking()
+        if self._failure:
+            detail = f"admission stopped: {self._failure}"
+        blocked = 0.0 if since is None or reason is BlockingReason.NONE else max(0.0, self._clock() - since)
+        return pb.GetStatusResponse(
+            sources=[
+                pb.SourceStatus(source=s.source, pool=s.ready, admitted=s.admitted, quota=s.quota,
+                                target=s.target, slack=s.slack)
+                for s in status.sources
+            ],
+            train_batch_index=status.train_batch_index,
+            minibatch_index=status.minibatches_admitted,
+            num_minibatches=status.num_minibatches,
+            policy_version=ledger.version,
+            blocking_reason=blocking_to_proto(reason),
+            blocking_detail=detail,
+            blocked_seconds=blocked,
+            pool_size=status.pool_size,
+            admitted_total=ledger.admitted_total,
+            dropped_stale=ledger.dropped_stale,
+            released_minibatches=ledger.released_minibatches,
+        )
+
+    # -- background work -------------------------------------------------------------------------------
+
+    async def _delete_released(self) -> None:
+        """Delete released units from the store in batches, then journal that they are gone."""
+        while True:
+            keys = [await self._deletions.get()]
+            while len(keys) < self._delete_batch_size and not self._deletions.empty():
+                keys.append(self._deletions.get_nowait())
+            if self._delete_keys is not None:
+                try:
+                    await asyncio.to_thread(self._delete_keys, keys)
+                except KnitTransError as exc:
+                    logger.warning("deleting %d released units failed, retrying later: %s", len(keys), exc)
+                    await asyncio.sleep(1.0)
+                    for key in keys:
+                        self._deletions.put_nowait(key)
+                    continue
+            async with self._lock:
+                deleted = journal_pb2.UnitsDeleted(keys=keys)
+                await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
+            self._metrics.released_units.inc(len(keys))
+
+    async def _tick_gauges(self) -> None:
+        while True:
+            self._refresh_gauges()
+            await asyncio.sleep(1.0)
+
+    def _refresh_gauges(self) -> None:
+        ledger = self._ledger
+        metrics = self._metrics
+        status = ledger.engine.status()
+        for source in status.sources:
+            metrics.pool.labels(source.source).set(source.ready)
+            metrics.quota_target.labels(source.source).set(source.quota)
+            metrics.quota_slack.labels(source.source).set(source.slack)
+        reason, _, since = ledger.blocking()
+        blocked = 0.0 if since is None or reason is BlockingReason.NONE else max(0.0, self._clock() - since)
+        metrics.set_blocking(reason, blocked)
+        metrics.train_batch_index.set(status.train_batch_index)
+        metrics.minibatch_index.set(status.minibatches_admitted)
+        metrics.policy_version.set(ledger.version)
+        if ledger.quota_violations > self._violations_exported:
+            metrics.quota_violations.inc(ledger.quota_violations - self._violations_exported)
+            self._violations_exported = ledger.quota_violations
+

@@ -1,0 +1,40 @@
+"""Config of `knittrans admission serve` (YAML file, then KNITTRANS_* variables, then flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from knittrans.admission.engine import EngineConfig
+from knittrans.errors import InvalidArgument
+from knittrans.serving.settings import ServerSettings
+from knittrans.types import Topology, check_id
+
+DEFAULT_PORT = 50051
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionServiceSettings:
+    """``state`` is ``memory`` or a ``redis://`` URL; ``store`` is the unit store released units are deleted
+    from (``file:///dev/shm/knittrans-<job>``, ``mooncake://...``); empty means nothing is deleted."""
+
+    engine: EngineConfig
+    topology: Topology
+    job: str = "default"
+    state: str = "memory"
+    store: str = ""
+    label_fields: tuple[str, ...] = ("input_ids",)
+    initial_version: int = 0
+    max_report_batch: int = 10_000
+    delete_batch_size: int = 1024
+    server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
+
+    def __post_init__(self) -> None:
+        check_id(self.job, "job")
+        if self.initial_version < 0:
+            raise InvalidArgument("must not be negative", field="initial_version")
+        if not 1 <= self.max_report_batch <= 100_000:
+            raise InvalidArgument("must be in [1, 100000]", field="max_report_batch")
+        if self.delete_batch_size < 1:
+            raise InvalidArgument("must be positive", field="delete_batch_size")
+        if not self.label_fields:
+            raise InvalidArgument("name at least one field that labels come from", field="label_fields")

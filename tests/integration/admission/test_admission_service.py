@@ -1,0 +1,193 @@
+"""The admission service through a real gRPC server on port 0: reports, admission, assignment streams,
+progress and release, version, status, bad input, auth and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+
+from knittrans.admission.service.app import start_admission_service
+from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
+from knittrans.client.connection import ConnectionSettings
+from knittrans.errors import FailedPrecondition, InvalidArgument, Unauthenticated
+from knittrans.types import ConsumerId
+from knittrans.v1 import admission_service_pb2 as pb
+from knittrans.wire import trajectory_to_proto
+
+from .builders import make_meta, service_settings
+
+CONSUMERS = [ConsumerId(role="backbone", dp_rank=d, cp_rank=c) for d in range(2) for c in range(2)] + [
+    ConsumerId(role="encoder:vision", dp_rank=0)
+]
+
+
+@pytest.fixture
+async def service():
+    running = await start_admission_service(service_settings())
+    yield running
+    await running.stop(0)
+
+
+def run(function):
+    return asyncio.to_thread(function)
+
+
+async def test_reports_admit_and_every_consumer_gets_its_part(service) -> None:
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            results = client.report([make_meta(i, source="AB"[i % 2], sample=i // 2, images=1) for i in range(4)])
+            assert [r.outcome for r in results] == [ReportOutcome.ACCEPTED] * 4
+            assert client.status().admitted_total == 4  # mini-batch 0 of a train batch of 8 in 2
+            for consumer in CONSUMERS:
+                assert client.register_consumer(consumer).acknowledged_sequence == 0
+                first = next(client.watch_assignments(consumer))
+                assert first.sequence == 1 and first.minibatch_index == 0 and first.num_minibatches == 2
+                assert set(first.trajectory_ids) == {"t0", "t1", "t2", "t3"}
+                assert first.assignment.consumer == consumer
+            backbone = next(client.watch_assignments(CONSUMERS[0])).assignment
+            encoder = next(client.watch_assignments(CONSUMERS[-1])).assignment
+            assert sum(len(m.items) for m in backbone.microbatches) >= 1
+            encoded = {e.encoding.key for m in encoder.encoder_microbatches for e in m.encodings}
+            assert encoded == {"s0/img0", "s1/img0"}  # the group's shared images, each encoded once
+
+    await run(scenario)
+
+
+async def test_reports_are_idempotent_and_conflicts_are_named(service) -> None:
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            meta = make_meta(1)
+            assert client.report([meta])[0].outcome is ReportOutcome.ACCEPTED
+            assert client.report([meta])[0].outcome is ReportOutcome.DUPLICATE
+            changed = make_meta(1, tokens=120)
+            conflict = client.report([changed])[0]
+            assert conflict.outcome is ReportOutcome.CONFLICT and "different" in conflict.reason
+            assert client.status().pool_size == 1
+
+    await run(scenario)
+
+
+def _bad_report(kind: str) -> pb.ReportTrajectoriesRequest:
+    good = [trajectory_to_proto(make_meta(i)) for i in range(3)]
+    bad = good[1]
+    if kind == "missing id":
+        bad.trajectory_id = ""
+    elif kind == "length":
+        bad.num_tokens = 0
+    elif kind == "source":
+        bad.source = "Z"
+    elif kind == "future version":
+        bad.segments[0].version = 7
+    elif kind == "header":
+        bad.units[0].header.byte_length += 1
+    return pb.ReportTrajectoriesRequest(request_id="r", trajectories=good)
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [
+        ("missing id", "trajectories[1].trajectory_id"),
+        ("length", "trajectories[1].num_tokens"),
+        ("source", "trajectories[1].source"),
+        ("future version", "trajectories[1].segments[0].version"),
+        ("header", "trajectories[1].units[0].header.byte_length"),
+    ],
+)
+async def test_bad_reports_are_rejected_whole_naming_the_field(service, kind: str, field: str) -> None:
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            with pytest.raises(InvalidArgument) as info:
+                client.report(list(_bad_report(kind).trajectories))
+            assert info.value.field == field
+            status = client.status()
+            assert status.pool_size == 0 and status.admitted_total == 0  # nothing of the batch was applied
+
+    await run(scenario)
+
+
+async def test_oversized_batch_and_foreign_consumer_are_invalid(service) -> None:
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            with pytest.raises(InvalidArgument) as info:
+                client.report([make_meta(i) for i in range(10_001)])
+            assert info.value.field == "trajectories"
+            with pytest.raises(InvalidArgument) as info:
+                client.register_consumer(ConsumerId(role="backbone", dp_rank=2, cp_rank=0))
+            assert info.value.field == "consumer.dp_rank"
+            with pytest.raises(InvalidArgument) as info:
+                client.register_consumer(ConsumerId(role="encoder:audio", dp_rank=0))
+            assert info.value.field == "consumer.encoder"
+            with pytest.raises(InvalidArgument) as info:
+                client.report_progress(CONSUMERS[0], 1, ProgressStage.DELIVERED)
+            assert info.value.field == "sequence"
+
+    await run(scenario)
+
+
+async def test_progress_releases_after_every_consumer_and_version_advances(service) -> None:
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(8)])
+            assert client.status().admitted_total == 8  # the whole train batch, in two mini-batches
+            with pytest.raises(FailedPrecondition):
+                client.advance_version(train_batch_index=1, new_version=2)
+            released = [client.report_progress(c, 1, ProgressStage.OPTIMIZER_STEP) for c in CONSUMERS]
+            assert released == [False] * (len(CONSUMERS) - 1) + [True]
+            assert client.status().released_minibatches == 1
+            assert client.advance_version(train_batch_index=0, new_version=1) == 1
+            assert client.advance_version(train_batch_index=0, new_version=1) == 1  # idempotent
+            assert client.advance_version(train_batch_index=0, new_version=0) == 1  # monotonic
+            assert client.status().policy_version == 1
+
+    await run(scenario)
+
+
+async def test_stream_resumes_without_gap_or_repeat(service) -> None:
+    def scenario() -> None:
+        consumer = CONSUMERS[1]
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(8)])
+            stream = client.watch_assignments(consumer)
+            assert next(stream).sequence == 1
+            client.report_progress(consumer, 1, ProgressStage.DELIVERED)
+            stream.close()  # the sidecar disconnects after acknowledging 1
+            registration = client.register_consumer(consumer)
+            assert registration.acknowledged_sequence == 1
+            resumed = client.watch_assignments(consumer, after_sequence=registration.acknowledged_sequence)
+            assert next(resumed).sequence == 2
+
+    await run(scenario)
+
+
+async def test_token_is_required_except_for_health() -> None:
+    running = await start_admission_service(service_settings(token="secret"))
+    try:
+        def scenario() -> None:
+            with AdmissionClient(running.address) as anonymous, pytest.raises(Unauthenticated):
+                anonymous.status()
+            with AdmissionClient(ConnectionSettings(target=running.address, token="secret")) as client:
+                assert client.status().pool_size == 0
+
+        await run(scenario)
+    finally:
+        await running.stop(0)
+
+
+async def test_metrics_are_exported(service) -> None:
+    def scenario() -> str:
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(4)])
+            client.report([make_meta(0)])
+        url = f"http://127.0.0.1:{service.server.metrics_port}/metrics"
+        return urllib.request.urlopen(url, timeout=5).read().decode()
+
+    text = await run(scenario)
+    assert 'knittrans_admission_reports_total{outcome="accepted"} 4.0' in text
+    assert 'knittrans_admission_reports_total{outcome="duplicate"} 1.0' in text
+    assert "knittrans_admission_admitted_minibatches_total 1.0" in text
+    assert 'knittrans_admission_blocking{reason="train_batch_size"} 1.0' in text
+    assert "knittrans_admission_staleness_versions_count 4.0" in text
+    assert 'knittrans_rpc_latency_seconds_count{method="ReportTrajectories"' in text
+
