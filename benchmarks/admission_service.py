@@ -32,6 +32,7 @@ from knittrans.launch.redis import start_redis
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, trajectory_pb2
+from knittrans.wire import consumer_to_proto
 
 BATCH = 1000
 FIELDS = (("input_ids", trajectory_pb2.D_TYPE_INT32, 1), ("logprobs", trajectory_pb2.D_TYPE_FLOAT32, 1),
@@ -143,9 +144,13 @@ def measure_latency(address: str, rounds: int, minibatch: int, num_minibatches: 
     arrived = threading.Condition()
 
     def watch() -> None:
-        for assignment in client.watch_assignments(CONSUMER):
+        # Arrival is when the assignment message is received; turning it into domain objects is the consumer's
+        # own work, so the raw stream is read here.
+        watcher = admission_service_pb2_grpc.AdmissionServiceStub(open_channel(ConnectionSettings(target=address)))
+        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(CONSUMER))
+        for response in watcher.WatchAssignments(request):
             with arrived:
-                arrivals[assignment.sequence] = time.perf_counter()
+                arrivals[response.sequence] = time.perf_counter()
                 arrived.notify_all()
 
     threading.Thread(target=watch, daemon=True).start()

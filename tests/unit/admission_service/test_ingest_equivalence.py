@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from knittrans.admission.service.ingest import IngestLimits, check_trajectory
 from knittrans.errors import InvalidArgument
 from knittrans.v1 import trajectory_pb2
-from knittrans.wire import trajectory_from_proto
+from knittrans.wire import trajectory_from_proto, trusted_trajectory_from_proto
 
 LIMITS = IngestLimits(sources={"A", "B"}, encoders={"vision"})
 HASH = hashlib.blake2b(b"x", digest_size=16).hexdigest()
@@ -96,3 +96,15 @@ def test_unknown_source_and_future_version_are_service_rules() -> None:
     with pytest.raises(InvalidArgument, match="future") as info:
         check_trajectory(future, "t", LIMITS, current_version=1)
     assert info.value.field == "t.segments[0].version"
+
+
+@given(tokens=st.integers(min_value=10, max_value=5000), version=st.integers(min_value=0, max_value=3),
+       reward=st.floats(min_value=-1, max_value=1))
+@settings(max_examples=50, deadline=None)
+def test_trusted_conversion_equals_validated_conversion(tokens: int, version: int, reward: float) -> None:
+    valid = message(tokens)
+    valid.segments[0].version = version
+    valid.scalars["reward"] = reward
+    valid.multimodal[0].header.CopyFrom(valid.units[0].header)
+    check_trajectory(valid, "t", LIMITS, current_version=3)
+    assert trusted_trajectory_from_proto(valid) == trajectory_from_proto(valid)

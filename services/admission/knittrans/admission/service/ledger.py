@@ -33,7 +33,7 @@ from knittrans.types import (
     UnitKey,
 )
 from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2, trajectory_pb2
-from knittrans.wire import trajectory_from_proto
+from knittrans.wire import trusted_trajectory_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -400,7 +400,7 @@ class AdmissionLedger:
                 message = self.reported[trajectory_id].message
                 if message is None:
                     raise FailedPrecondition(f"mini-batch {minibatch.sequence} is already released")
-                metas.append(trajectory_from_proto(message))
+                metas.append(trusted_trajectory_from_proto(message))  # validated at ingest
             minibatch.plan = plan_minibatch(metas, self.settings.topology, label_fields=self.settings.label_fields)
         return minibatch.plan
 
