@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import itertools
 import logging
 import mmap
 import os
 import shutil
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,7 +68,6 @@ class FileUnitStore:
         self._tmp = self._root / "tmp"
         self._durable = durable
         self._stats = ReadStats()
-        self._serial = itertools.count()
         try:
             for directory in (self._root, self._units, self._tmp):
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -132,7 +131,8 @@ class FileUnitStore:
     def _publish(self, write: UnitWrite) -> bool:
         """Write one unit; False if a concurrent writer published the same bytes first."""
         final = self._path(write.key)
-        temporary = self._tmp / f"{os.getpid()}.{next(self._serial)}"
+        # Unique across processes and across store instances of one process writing under the same root.
+        temporary = self._tmp / f"{os.getpid()}.{uuid.uuid4().hex}"
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
