@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from knittrans.admission.service.metrics import STALENESS_BUCKETS
 from tests.deploy.k8s_objects import only
 from tests.deploy.tools import (
     DEPLOY_DOC,
@@ -111,3 +112,20 @@ def test_prometheus_rule_is_rendered_from_the_rule_file() -> None:
     )
     rendered = only(render("overlays/prod"), "PrometheusRule")
     assert rendered["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_staleness_unit_test_uses_the_services_integer_buckets() -> None:
+    """The staleness alert is exact only with integer buckets; its unit test must use the real ones."""
+    assert all(float(b).is_integer() for b in STALENESS_BUCKETS)
+    assert set(range(17)) <= set(STALENESS_BUCKETS)
+    pattern = re.compile(r'knittrans_admission_staleness_versions_bucket\{[^}]*le="([0-9.]+)"')
+    cases = 0
+    for test in yaml.safe_load(RULES_TEST.read_text())["tests"]:
+        used = sorted({float(m.group(1)) for s in test["input_series"] if (m := pattern.search(s["series"]))})
+        if not used:
+            continue
+        cases += 1
+        # A unit test may leave out buckets below or above the ones its observations land in, never one
+        # in between: the 1.0 quantile is the upper bound of the first bucket that holds every observation.
+        assert used == [float(b) for b in STALENESS_BUCKETS if used[0] <= b <= used[-1]], test["name"]
+    assert cases >= 2

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
+from tests.deploy.container_config import resolve
 from tests.deploy.k8s_objects import (
     PodTemplate,
     container_port_names,
@@ -25,9 +25,9 @@ CLIENT_ROLES = {"rollout", "trainer", "reorg"}
 EXTERNAL_SECRETS = {
     "overlays/dev": set(),
     "overlays/prod": {"knittrans-admission-token", "knittrans-redis", "knittrans-admission-tls"},
-    "examples/trainer-job": {"knittrans-admission-token"},
-    "examples/trainer-statefulset": {"knittrans-admission-token"},
-    "examples/node-sidecars": {"knittrans-admission-token"},
+    "examples/trainer-job": {"knittrans-admission-token", "knittrans-admission-client-tls"},
+    "examples/trainer-statefulset": {"knittrans-admission-token", "knittrans-admission-client-tls"},
+    "examples/node-sidecars": {"knittrans-admission-token", "knittrans-admission-client-tls"},
 }
 
 # hostPath is a deliberate choice in exactly these places: a one-node dev cluster, and node-level sidecars.
@@ -39,22 +39,6 @@ HOST_PATH_ALLOWED = {
 
 def admission(overlay: str) -> PodTemplate:
     return next(t for t in pod_templates(render(overlay)) if t.name == "Deployment/knittrans-admission")
-
-
-def env_of(container) -> dict[str, object]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
-
-
-def effective_admission_config(overlay: str) -> dict[str, object]:
-    """The config file from the ConfigMap, with the KNITTRANS_* variables applied on top (one level deep)."""
-    objects = render(overlay)
-    template = admission(overlay)
-    config_map_name = template.volume("config")["configMap"]["name"]
-    config = yaml.safe_load(only(objects, "ConfigMap", config_map_name)["data"]["admission.yaml"]) or {}
-    for name, value in env_of(template.container("admission")).items():
-        if name.startswith("KNITTRANS_") and isinstance(value, str):
-            config[name.removeprefix("KNITTRANS_").lower().replace("__", ".")] = value
-    return config
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -84,38 +68,11 @@ def test_admission_config_comes_from_a_config_map_and_the_token_from_a_secret(ov
     container = template.container("admission")
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
     assert container["args"][:4] == ["admission", "serve", "--config", f"{mount['mountPath']}/admission.yaml"]
-    token = next(e for e in container["env"] if e["name"] == "KNITTRANS_AUTH__TOKEN")
+    token = next(e for e in container["env"] if e["name"] == "KNITTRANS_SERVER__AUTH__TOKEN")
     reference = token["valueFrom"]["secretKeyRef"]
     assert reference["key"] == "token"
     # A generated Secret (dev) carries a content-hash suffix; prod's is created out of band.
     assert reference["name"].startswith("knittrans-admission-token")
-
-
-def test_dev_keeps_state_in_memory_without_redis_mooncake_or_tls() -> None:
-    objects = render("overlays/dev")
-    config = effective_admission_config("overlays/dev")
-    assert config["state"] == "memory"
-    assert str(config["store"]).startswith("file://")
-    assert not [o for o in objects if o["metadata"]["name"].startswith(("knittrans-redis", "knittrans-mooncake"))]
-    assert not [k for k in config if k.startswith("tls")]
-
-
-def test_prod_journals_to_redis_stores_in_mooncake_and_serves_tls() -> None:
-    objects = render("overlays/prod")
-    config = effective_admission_config("overlays/prod")
-    assert str(config["state"]).startswith("redis://") and "@knittrans-redis:6379" in str(config["state"])
-    assert config["store"] == "mooncake://knittrans-mooncake-master:50052"
-    template = admission("overlays/prod")
-    tls_volume = template.volume("tls")
-    assert tls_volume["secret"]["secretName"] == "knittrans-admission-tls"
-    tls_dir = next(m["mountPath"] for m in template.container("admission")["volumeMounts"] if m["name"] == "tls")
-    for key in ("tls.cert_file", "tls.key_file", "tls.ca_file"):
-        assert str(config[key]).startswith(tls_dir + "/")
-    # With TLS on the API port the plaintext gRPC probes go to the health-only port, which no Service exposes.
-    health_port = int(config["server.health_port"])
-    assert template.container("admission")["readinessProbe"]["grpc"]["port"] == health_port
-    service_ports = {p["port"] for p in only(objects, "Service", "knittrans-admission")["spec"]["ports"]}
-    assert health_port not in service_ports
 
 
 def test_redis_is_a_statefulset_with_aof_on_a_persistent_volume() -> None:
@@ -284,8 +241,7 @@ def test_reorg_sidecar_shares_shm_and_socket_with_the_trainer(kustomization: str
 
     for volume, path in (("dshm", "/dev/shm"), ("knittrans-run", "/var/run/knittrans")):
         assert mounts(sidecar)[volume] == mounts(trainer)[volume] == path
-    config = only(objects, "ConfigMap", template.volume("knittrans-reorg-config")["configMap"]["name"])
-    assert yaml.safe_load(config["data"]["reorg.yaml"])["socket"].startswith("/var/run/knittrans/")
+    assert resolve(objects, template, "knittrans-reorg").load().socket_path.startswith("/var/run/knittrans/")
     assert template.labels["knittrans.io/role"] == "trainer"
     rank_env = next(e for e in sidecar["env"] if e["name"] == "REORG_DP_RANK")
     expected_label = (
@@ -306,8 +262,7 @@ def test_reorg_daemonset_serves_its_node_through_host_shm() -> None:
     assert volume["hostPath"] == {"path": "/dev/shm", "type": "Directory"}
     container = template.container("reorg")
     assert {"name": "host-shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
-    config = only(objects, "ConfigMap", template.volume("config")["configMap"]["name"])
-    assert yaml.safe_load(config["data"]["reorg.yaml"])["socket"].startswith("/dev/shm/")
+    assert resolve(objects, template, "reorg").load().socket_path.startswith("/dev/shm/")
 
 
 def test_pod_monitor_scrapes_every_kind_of_sidecar() -> None:

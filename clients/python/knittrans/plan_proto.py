@@ -231,6 +231,37 @@ def _encoding_to_proto(assignment: EncodingAssignment) -> plan_pb2.EncodingAssig
     return message
 
 
+def encoding_assignment_to_proto(assignment: EncodingAssignment) -> plan_pb2.EncodingAssignment:
+    """One unique encoding with its routes (encoder consumers receive these per micro-batch)."""
+    return _encoding_to_proto(assignment)
+
+
+def encoding_assignment_from_proto(e: plan_pb2.EncodingAssignment, path: str = "encoding") -> EncodingAssignment:
+    encoding = Encoding(
+        encoding_id=e.encoding_id,
+        key=UnitKey(e.key),
+        encoder=e.encoder,
+        cost=e.cost,
+        num_rows=e.num_rows,
+        kind=_kind_from_proto_number(e.kind, f"{path}.kind"),
+        header=within(f"{path}.header", lambda: header_from_proto(e.header)) if e.HasField("header") else None,
+    )
+    routes = tuple(
+        RouteEntry(
+            consumer=within(f"{path}.routes[{k}].consumer", lambda r=r: consumer_from_proto(r.consumer)),
+            tp_rank=r.tp_rank,
+            microbatch=r.microbatch,
+            trajectory_index=r.trajectory_index,
+            trajectory_id=TrajectoryId(r.trajectory_id),
+            reference=r.reference,
+            positions=_span_from_proto(r.positions, f"{path}.routes[{k}].positions"),
+            row_start=r.row_start,
+        )
+        for k, r in enumerate(e.routes)
+    )
+    return EncodingAssignment(encoding=encoding, routes=routes)
+
+
 def _kind_to_proto(kind: UnitKind) -> int:
     return trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}")
 
@@ -354,37 +385,11 @@ def assignment_from_proto(message: plan_pb2.ConsumerAssignment) -> ConsumerAssig
         )
     encoder_microbatches = []
     for i, mb in enumerate(message.encoder_microbatches):
-        encodings = []
-        for j, e in enumerate(mb.encodings):
-            path = f"encoder_microbatches[{i}].encodings[{j}]"
-            encoding = Encoding(
-                encoding_id=e.encoding_id,
-                key=UnitKey(e.key),
-                encoder=e.encoder,
-                cost=e.cost,
-                num_rows=e.num_rows,
-                kind=_kind_from_proto_number(e.kind, f"{path}.kind"),
-                header=within(f"{path}.header", lambda e=e: header_from_proto(e.header))
-                if e.HasField("header")
-                else None,
-            )
-            routes = tuple(
-                RouteEntry(
-                    consumer=within(f"{path}.routes[{k}].consumer", lambda r=r: consumer_from_proto(r.consumer)),
-                    tp_rank=r.tp_rank,
-                    microbatch=r.microbatch,
-                    trajectory_index=r.trajectory_index,
-                    trajectory_id=TrajectoryId(r.trajectory_id),
-                    reference=r.reference,
-                    positions=_span_from_proto(r.positions, f"{path}.routes[{k}].positions"),
-                    row_start=r.row_start,
-                )
-                for k, r in enumerate(e.routes)
-            )
-            encodings.append(EncodingAssignment(encoding=encoding, routes=routes))
-        encoder_microbatches.append(
-            EncoderMicroBatchAssignment(index=mb.index, last=mb.last, encodings=tuple(encodings))
+        encodings = tuple(
+            encoding_assignment_from_proto(e, f"encoder_microbatches[{i}].encodings[{j}]")
+            for j, e in enumerate(mb.encodings)
         )
+        encoder_microbatches.append(EncoderMicroBatchAssignment(index=mb.index, last=mb.last, encodings=encodings))
     return ConsumerAssignment(
         consumer=consumer,
         minibatch_loss_tokens=message.minibatch_loss_tokens,

@@ -8,9 +8,11 @@ itself (on close, SIGTERM, and at the next start after a crash, by name prefix).
 
 from __future__ import annotations
 
+import _posixshmem
 import logging
 import os
 import re
+import threading
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -27,16 +29,41 @@ def segment_prefix(job: str, owner: str) -> str:
     return f"knittrans-{_UNSAFE.sub('_', job)}-{_UNSAFE.sub('_', owner)}-"[:MAX_NAME]
 
 
+# SharedMemory() registers the name with the tracker and _untrack() unregisters it; two threads attaching the same
+# segment could interleave those into register, register, unregister, unregister (a KeyError in the tracker).
+_TRACKER_LOCK = threading.Lock()
+
+
+def _untracked(name: str, *, create: bool, size: int = 0) -> shared_memory.SharedMemory:
+    with _TRACKER_LOCK:
+        segment = shared_memory.SharedMemory(name=name, create=create, size=size)
+        _untrack(segment)
+    return segment
+
+
 def _untrack(segment: shared_memory.SharedMemory) -> None:
     resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+
+
+def _close(segment: shared_memory.SharedMemory, name: str) -> None:
+    """Close a mapping; if views of it are still exported, leave the mapping to them (it is unmapped when
+    the last view goes) instead of failing now and again, noisily, in ``SharedMemory.__del__``."""
+    try:
+        segment.close()
+    except BufferError:
+        logger.debug("segment %s still has exported views at close", name)
+        segment._buf = None  # type: ignore[attr-defined]
+        segment._mmap = None  # type: ignore[attr-defined]
+        if segment._fd >= 0:  # type: ignore[attr-defined]
+            os.close(segment._fd)  # type: ignore[attr-defined]
+            segment._fd = -1  # type: ignore[attr-defined]
 
 
 class OwnedSegment:
     """A segment this process created and will unlink."""
 
     def __init__(self, name: str, size: int) -> None:
-        self._segment = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
-        _untrack(self._segment)
+        self._segment = _untracked(name, create=True, size=max(size, 1))
         os.fchmod(self._segment._fd, SEGMENT_MODE)  # type: ignore[attr-defined]
         self.name = name
         self.size = size
@@ -48,13 +75,11 @@ class OwnedSegment:
         return buffer
 
     def unlink(self) -> None:
+        _close(self._segment, self.name)  # views still held keep the mapping; the name goes now
         try:
-            self._segment.close()
-        except BufferError:
-            # A caller still holds a view; the mapping goes away with the process, the name goes now.
-            logger.debug("segment %s still has exported views at unlink", self.name)
-        try:
-            self._segment.unlink()
+            # Not SharedMemory.unlink(): it unregisters from the resource tracker a second time, and the tracker
+            # process prints a KeyError traceback for every segment.
+            _posixshmem.shm_unlink(self._segment._name)  # type: ignore[attr-defined]
         except FileNotFoundError:
             pass
 
@@ -63,8 +88,7 @@ class AttachedSegment:
     """A segment another process owns; closing it never unlinks it."""
 
     def __init__(self, name: str) -> None:
-        self._segment = shared_memory.SharedMemory(name=name, create=False)
-        _untrack(self._segment)
+        self._segment = _untracked(name, create=False)
         self.name = name
 
     @property
@@ -74,10 +98,7 @@ class AttachedSegment:
         return buffer
 
     def close(self) -> None:
-        try:
-            self._segment.close()
-        except BufferError:
-            logger.debug("segment %s still has exported views at close", self.name)
+        _close(self._segment, self.name)
 
 
 def remove_segments(prefix: str) -> list[str]:

@@ -118,5 +118,3 @@ def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]
         return await main(stop)
 
     return uvloop.run(runner())
-
-

@@ -22,39 +22,44 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from knittrans.v1 import admission_pb2 as knittrans_dot_v1_dot_admission__pb2
 from knittrans.v1 import plan_pb2 as knittrans_dot_v1_dot_plan__pb2
 from knittrans.v1 import trajectory_pb2 as knittrans_dot_v1_dot_trajectory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n knittrans/v1/reorg_service.proto\x12\x0cknittrans.v1\x1a\x17knittrans/v1/plan.proto\x1a\x1dknittrans/v1/trajectory.proto\"x\n\x10TensorDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.knittrans.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0b\x62yte_length\x18\x05 \x01(\x04\"\x89\x01\n\x11PackedEncodingUse\x12\x13\n\x0b\x65ncoding_id\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x14\n\x0cpacked_start\x18\x03 \x01(\x04\x12\x12\n\npacked_end\x18\x04 \x01(\x04\x12\x11\n\trow_start\x18\x05 \x01(\x04\x12\x15\n\rtrajectory_id\x18\x06 \x01(\t\"\xbc\x04\n\x14MicroBatchDescriptor\x12\x0e\n\x06ticket\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x19\n\x11train_batch_index\x18\x03 \x01(\x04\x12\x17\n\x0fminibatch_index\x18\x04 \x01(\r\x12\x17\n\x0fnum_minibatches\x18\x05 \x01(\r\x12\x15\n\rtrain_version\x18\x06 \x01(\x04\x12\x18\n\x10microbatch_index\x18\x07 \x01(\r\x12\x18\n\x10num_microbatches\x18\x08 \x01(\r\x12\x19\n\x11last_in_minibatch\x18\t \x01(\x08\x12\x1d\n\x15minibatch_loss_tokens\x18\n \x01(\x04\x12\x1e\n\x16microbatch_loss_tokens\x18\x0b \x01(\x04\x12\x0f\n\x07segment\x18\x0c \x01(\t\x12\x0c\n\x04slot\x18\r \x01(\r\x12/\n\x07tensors\x18\x0e \x03(\x0b\x32\x1e.knittrans.v1.TensorDescriptor\x12\x32\n\tencodings\x18\x0f \x03(\x0b\x32\x1f.knittrans.v1.PackedEncodingUse\x12\x38\n\x0e\x65ncoder_inputs\x18\x10 \x03(\x0b\x32 .knittrans.v1.EncodingAssignment\x12\x16\n\x0etrajectory_ids\x18\x11 \x03(\t\x12\x0c\n\x04role\x18\x12 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x13 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\x14 \x01(\r\x12\n\n\x02\x63p\x18\x15 \x01(\r\">\n\x15NextMicroBatchRequest\x12\x0f\n\x07tp_rank\x18\x01 \x01(\r\x12\x14\n\x0c\x61\x66ter_ticket\x18\x02 \x01(\x04\"g\n\x16NextMicroBatchResponse\x12\x36\n\ndescriptor\x18\x01 \x01(\x0b\x32\".knittrans.v1.MicroBatchDescriptor\x12\x15\n\rend_of_stream\x18\x02 \x01(\x08\"B\n\x19StreamMicroBatchesRequest\x12\x0f\n\x07tp_rank\x18\x01 \x01(\r\x12\x14\n\x0c\x61\x66ter_ticket\x18\x02 \x01(\x04\"T\n\x1aStreamMicroBatchesResponse\x12\x36\n\ndescriptor\x18\x01 \x01(\x0b\x32\".knittrans.v1.MicroBatchDescriptor\"O\n\x18ReleaseMicroBatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07tp_rank\x18\x02 \x01(\r\x12\x0e\n\x06ticket\x18\x03 \x01(\x04\"/\n\x19ReleaseMicroBatchResponse\x12\x12\n\nslot_freed\x18\x01 \x01(\x08\"\x17\n\x15GetReorgStatusRequest\"\xc5\x01\n\x16GetReorgStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\x03 \x01(\r\x12\n\n\x02tp\x18\x04 \x01(\r\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x16\n\x0eslots_occupied\x18\x06 \x01(\r\x12\x11\n\tpublished\x18\x07 \x01(\x04\x12\x12\n\nbytes_read\x18\x08 \x01(\x04\x12\x14\n\x0c\x62ytes_needed\x18\t \x01(\x04\x12\x0b\n\x03job\x18\n \x01(\t2\x99\x03\n\x0cReorgService\x12[\n\x0eNextMicroBatch\x12#.knittrans.v1.NextMicroBatchRequest\x1a$.knittrans.v1.NextMicroBatchResponse\x12i\n\x12StreamMicroBatches\x12\'.knittrans.v1.StreamMicroBatchesRequest\x1a(.knittrans.v1.StreamMicroBatchesResponse0\x01\x12\x64\n\x11ReleaseMicroBatch\x12&.knittrans.v1.ReleaseMicroBatchRequest\x1a\'.knittrans.v1.ReleaseMicroBatchResponse\x12[\n\x0eGetReorgStatus\x12#.knittrans.v1.GetReorgStatusRequest\x1a$.knittrans.v1.GetReorgStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n knittrans/v1/reorg_service.proto\x12\x0cknittrans.v1\x1a\x1cknittrans/v1/admission.proto\x1a\x17knittrans/v1/plan.proto\x1a\x1dknittrans/v1/trajectory.proto\"x\n\x10TensorDescriptor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.knittrans.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x13\n\x0b\x62yte_length\x18\x05 \x01(\x04\"\x9c\x01\n\x11PackedEncodingUse\x12\x13\n\x0b\x65ncoding_id\x18\x01 \x01(\r\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x14\n\x0cpacked_start\x18\x03 \x01(\x04\x12\x12\n\npacked_end\x18\x04 \x01(\x04\x12\x11\n\trow_start\x18\x05 \x01(\x04\x12\x15\n\rtrajectory_id\x18\x06 \x01(\t\x12\x11\n\treference\x18\x07 \x01(\r\"\xb8\x05\n\x14MicroBatchDescriptor\x12\x0e\n\x06ticket\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x19\n\x11train_batch_index\x18\x03 \x01(\x04\x12\x17\n\x0fminibatch_index\x18\x04 \x01(\r\x12\x17\n\x0fnum_minibatches\x18\x05 \x01(\r\x12\x15\n\rtrain_version\x18\x06 \x01(\x04\x12\x18\n\x10microbatch_index\x18\x07 \x01(\r\x12\x18\n\x10num_microbatches\x18\x08 \x01(\r\x12\x19\n\x11last_in_minibatch\x18\t \x01(\x08\x12\x1d\n\x15minibatch_loss_tokens\x18\n \x01(\x04\x12\x1e\n\x16microbatch_loss_tokens\x18\x0b \x01(\x04\x12\x0f\n\x07segment\x18\x0c \x01(\t\x12\x0c\n\x04slot\x18\r \x01(\r\x12/\n\x07tensors\x18\x0e \x03(\x0b\x32\x1e.knittrans.v1.TensorDescriptor\x12\x32\n\tencodings\x18\x0f \x03(\x0b\x32\x1f.knittrans.v1.PackedEncodingUse\x12\x38\n\x0e\x65ncoder_inputs\x18\x10 \x03(\x0b\x32 .knittrans.v1.EncodingAssignment\x12\x16\n\x0etrajectory_ids\x18\x11 \x03(\t\x12\x0c\n\x04role\x18\x12 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x13 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\x14 \x01(\r\x12\n\n\x02\x63p\x18\x15 \x01(\r\x12\x13\n\x0bincarnation\x18\x16 \x01(\t\x12\x12\n\nused_bytes\x18\x17 \x01(\x04\x12\x1a\n\x12trajectory_indices\x18\x18 \x03(\r\x12\n\n\x02tp\x18\x19 \x01(\r\x12\x13\n\x0b\x61ssigned_at\x18\x1a \x01(\x01\x12\x14\n\x0cpublished_at\x18\x1b \x01(\x01\"S\n\x15NextMicroBatchRequest\x12\x0f\n\x07tp_rank\x18\x01 \x01(\r\x12\x14\n\x0c\x61\x66ter_ticket\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\"g\n\x16NextMicroBatchResponse\x12\x36\n\ndescriptor\x18\x01 \x01(\x0b\x32\".knittrans.v1.MicroBatchDescriptor\x12\x15\n\rend_of_stream\x18\x02 \x01(\x08\"W\n\x19StreamMicroBatchesRequest\x12\x0f\n\x07tp_rank\x18\x01 \x01(\r\x12\x14\n\x0c\x61\x66ter_ticket\x18\x02 \x01(\x04\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\"T\n\x1aStreamMicroBatchesResponse\x12\x36\n\ndescriptor\x18\x01 \x01(\x0b\x32\".knittrans.v1.MicroBatchDescriptor\"|\n\x18ReleaseMicroBatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07tp_rank\x18\x02 \x01(\r\x12\x0e\n\x06ticket\x18\x03 \x01(\x04\x12\x16\n\x0ewaited_seconds\x18\x04 \x01(\x01\x12\x13\n\x0bincarnation\x18\x05 \x01(\t\"/\n\x19ReleaseMicroBatchResponse\x12\x12\n\nslot_freed\x18\x01 \x01(\x08\"\'\n\x13GetMiniBatchRequest\x12\x10\n\x08sequence\x18\x01 \x01(\x04\"\xd1\x01\n\x14GetMiniBatchResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x33\n\tadmission\x18\x02 \x01(\x0b\x32 .knittrans.v1.MiniBatchAdmission\x12\x1a\n\x12global_loss_tokens\x18\x03 \x01(\x04\x12\x34\n\nassignment\x18\x04 \x01(\x0b\x32 .knittrans.v1.ConsumerAssignment\x12 \n\x04plan\x18\x05 \x01(\x0b\x32\x12.knittrans.v1.Plan\"\x17\n\x15GetReorgStatusRequest\"\x9e\x02\n\x16GetReorgStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\x03 \x01(\r\x12\n\n\x02tp\x18\x04 \x01(\r\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x16\n\x0eslots_occupied\x18\x06 \x01(\r\x12\x11\n\tpublished\x18\x07 \x01(\x04\x12\x12\n\nbytes_read\x18\x08 \x01(\x04\x12\x14\n\x0c\x62ytes_needed\x18\t \x01(\x04\x12\x0b\n\x03job\x18\n \x01(\t\x12\x13\n\x0bincarnation\x18\x0b \x01(\t\x12\x12\n\nread_calls\x18\x0c \x01(\x04\x12\x1d\n\x15\x61\x63knowledged_sequence\x18\r \x01(\x04\x12\x0f\n\x07\x64rained\x18\x0e \x01(\x08\x32\xf0\x03\n\x0cReorgService\x12[\n\x0eNextMicroBatch\x12#.knittrans.v1.NextMicroBatchRequest\x1a$.knittrans.v1.NextMicroBatchResponse\x12i\n\x12StreamMicroBatches\x12\'.knittrans.v1.StreamMicroBatchesRequest\x1a(.knittrans.v1.StreamMicroBatchesResponse0\x01\x12\x64\n\x11ReleaseMicroBatch\x12&.knittrans.v1.ReleaseMicroBatchRequest\x1a\'.knittrans.v1.ReleaseMicroBatchResponse\x12U\n\x0cGetMiniBatch\x12!.knittrans.v1.GetMiniBatchRequest\x1a\".knittrans.v1.GetMiniBatchResponse\x12[\n\x0eGetReorgStatus\x12#.knittrans.v1.GetReorgStatusRequest\x1a$.knittrans.v1.GetReorgStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'knittrans.v1.reorg_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORDESCRIPTOR']._serialized_start=106
-  _globals['_TENSORDESCRIPTOR']._serialized_end=226
-  _globals['_PACKEDENCODINGUSE']._serialized_start=229
-  _globals['_PACKEDENCODINGUSE']._serialized_end=366
-  _globals['_MICROBATCHDESCRIPTOR']._serialized_start=369
-  _globals['_MICROBATCHDESCRIPTOR']._serialized_end=941
-  _globals['_NEXTMICROBATCHREQUEST']._serialized_start=943
-  _globals['_NEXTMICROBATCHREQUEST']._serialized_end=1005
-  _globals['_NEXTMICROBATCHRESPONSE']._serialized_start=1007
-  _globals['_NEXTMICROBATCHRESPONSE']._serialized_end=1110
-  _globals['_STREAMMICROBATCHESREQUEST']._serialized_start=1112
-  _globals['_STREAMMICROBATCHESREQUEST']._serialized_end=1178
-  _globals['_STREAMMICROBATCHESRESPONSE']._serialized_start=1180
-  _globals['_STREAMMICROBATCHESRESPONSE']._serialized_end=1264
-  _globals['_RELEASEMICROBATCHREQUEST']._serialized_start=1266
-  _globals['_RELEASEMICROBATCHREQUEST']._serialized_end=1345
-  _globals['_RELEASEMICROBATCHRESPONSE']._serialized_start=1347
-  _globals['_RELEASEMICROBATCHRESPONSE']._serialized_end=1394
-  _globals['_GETREORGSTATUSREQUEST']._serialized_start=1396
-  _globals['_GETREORGSTATUSREQUEST']._serialized_end=1419
-  _globals['_GETREORGSTATUSRESPONSE']._serialized_start=1422
-  _globals['_GETREORGSTATUSRESPONSE']._serialized_end=1619
-  _globals['_REORGSERVICE']._serialized_start=1622
-  _globals['_REORGSERVICE']._serialized_end=2031
+  _globals['_TENSORDESCRIPTOR']._serialized_start=136
+  _globals['_TENSORDESCRIPTOR']._serialized_end=256
+  _globals['_PACKEDENCODINGUSE']._serialized_start=259
+  _globals['_PACKEDENCODINGUSE']._serialized_end=415
+  _globals['_MICROBATCHDESCRIPTOR']._serialized_start=418
+  _globals['_MICROBATCHDESCRIPTOR']._serialized_end=1114
+  _globals['_NEXTMICROBATCHREQUEST']._serialized_start=1116
+  _globals['_NEXTMICROBATCHREQUEST']._serialized_end=1199
+  _globals['_NEXTMICROBATCHRESPONSE']._serialized_start=1201
+  _globals['_NEXTMICROBATCHRESPONSE']._serialized_end=1304
+  _globals['_STREAMMICROBATCHESREQUEST']._serialized_start=1306
+  _globals['_STREAMMICROBATCHESREQUEST']._serialized_end=1393
+  _globals['_STREAMMICROBATCHESRESPONSE']._serialized_start=1395
+  _globals['_STREAMMICROBATCHESRESPONSE']._serialized_end=1479
+  _globals['_RELEASEMICROBATCHREQUEST']._serialized_start=1481
+  _globals['_RELEASEMICROBATCHREQUEST']._serialized_end=1605
+  _globals['_RELEASEMICROBATCHRESPONSE']._serialized_start=1607
+  _globals['_RELEASEMICROBATCHRESPONSE']._serialized_end=1654
+  _globals['_GETMINIBATCHREQUEST']._serialized_start=1656
+  _globals['_GETMINIBATCHREQUEST']._serialized_end=1695
+  _globals['_GETMINIBATCHRESPONSE']._serialized_start=1698
+  _globals['_GETMINIBATCHRESPONSE']._serialized_end=1907
+  _globals['_GETREORGSTATUSREQUEST']._serialized_start=1909
+  _globals['_GETREORGSTATUSREQUEST']._serialized_end=1932
+  _globals['_GETREORGSTATUSRESPONSE']._serialized_start=1935
+  _globals['_GETREORGSTATUSRESPONSE']._serialized_end=2221
+  _globals['_REORGSERVICE']._serialized_start=2224
+  _globals['_REORGSERVICE']._serialized_end=2720
 # @@protoc_insertion_point(module_scope)

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class ReorgServiceStub:
     """A node-local reorg sidecar's endpoint for its trainer ranks, served on a Unix-domain socket. Packed
-    micro-batches live in shared memory; only their descriptors travel here.
+    micro-batches live in shared memory; only their descriptors travel here. One sidecar serves one
+    consumer (role, dp rank, cp rank); every TP rank of that group receives every micro-batch.
     """
 
     def __init__(self, channel):
@@ -51,6 +52,11 @@ class ReorgServiceStub:
                 request_serializer=knittrans_dot_v1_dot_reorg__service__pb2.ReleaseMicroBatchRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_reorg__service__pb2.ReleaseMicroBatchResponse.FromString,
                 _registered_method=True)
+        self.GetMiniBatch = channel.unary_unary(
+                '/knittrans.v1.ReorgService/GetMiniBatch',
+                request_serializer=knittrans_dot_v1_dot_reorg__service__pb2.GetMiniBatchRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_reorg__service__pb2.GetMiniBatchResponse.FromString,
+                _registered_method=True)
         self.GetReorgStatus = channel.unary_unary(
                 '/knittrans.v1.ReorgService/GetReorgStatus',
                 request_serializer=knittrans_dot_v1_dot_reorg__service__pb2.GetReorgStatusRequest.SerializeToString,
@@ -60,19 +66,22 @@ class ReorgServiceStub:
 
 class ReorgServiceServicer:
     """A node-local reorg sidecar's endpoint for its trainer ranks, served on a Unix-domain socket. Packed
-    micro-batches live in shared memory; only their descriptors travel here.
+    micro-batches live in shared memory; only their descriptors travel here. One sidecar serves one
+    consumer (role, dp rank, cp rank); every TP rank of that group receives every micro-batch.
     """
 
     def NextMicroBatch(self, request, context):
-        """Returns the next micro-batch published after `after_ticket` for a TP rank, waiting (within the
-        deadline) until the sidecar publishes it. `end_of_stream` is set when the sidecar is shutting down.
+        """Returns the first micro-batch published after `after_ticket` that the sidecar still holds, waiting
+        until one is published or the call's deadline is near. An answer without a descriptor and without
+        `end_of_stream` means "nothing yet, ask again".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamMicroBatches(self, request, context):
-        """Streams every micro-batch published after `after_ticket`, in consumption order.
+        """Streams every micro-batch published after `after_ticket`, in consumption order, until the sidecar's
+        assignment source ends or the sidecar stops.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -80,14 +89,23 @@ class ReorgServiceServicer:
 
     def ReleaseMicroBatch(self, request, context):
         """Releases a micro-batch's slot for one TP rank; the slot is reused once every TP rank released it.
-        Releasing twice is a no-op.
+        Releasing twice, or a ticket the sidecar no longer holds, is a no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMiniBatch(self, request, context):
+        """Returns the mini-batch context of an assignment sequence: its admission, this consumer's whole
+        assignment and, when the assignment source provides it, the mini-batch's full plan (from which every
+        rank derives the same encoding schedule). NOT_FOUND once the sidecar no longer retains it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetReorgStatus(self, request, context):
-        """Returns the sidecar's consumer identity, topology degree and ring occupancy.
+        """Returns the sidecar's consumer identity, TP degree, ring occupancy and read counters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +129,11 @@ def add_ReorgServiceServicer_to_server(servicer, server):
                     request_deserializer=knittrans_dot_v1_dot_reorg__service__pb2.ReleaseMicroBatchRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_reorg__service__pb2.ReleaseMicroBatchResponse.SerializeToString,
             ),
+            'GetMiniBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMiniBatch,
+                    request_deserializer=knittrans_dot_v1_dot_reorg__service__pb2.GetMiniBatchRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_reorg__service__pb2.GetMiniBatchResponse.SerializeToString,
+            ),
             'GetReorgStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReorgStatus,
                     request_deserializer=knittrans_dot_v1_dot_reorg__service__pb2.GetReorgStatusRequest.FromString,
@@ -126,7 +149,8 @@ def add_ReorgServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ReorgService:
     """A node-local reorg sidecar's endpoint for its trainer ranks, served on a Unix-domain socket. Packed
-    micro-batches live in shared memory; only their descriptors travel here.
+    micro-batches live in shared memory; only their descriptors travel here. One sidecar serves one
+    consumer (role, dp rank, cp rank); every TP rank of that group receives every micro-batch.
     """
 
     @staticmethod
@@ -200,6 +224,33 @@ class ReorgService:
             '/knittrans.v1.ReorgService/ReleaseMicroBatch',
             knittrans_dot_v1_dot_reorg__service__pb2.ReleaseMicroBatchRequest.SerializeToString,
             knittrans_dot_v1_dot_reorg__service__pb2.ReleaseMicroBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMiniBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.ReorgService/GetMiniBatch',
+            knittrans_dot_v1_dot_reorg__service__pb2.GetMiniBatchRequest.SerializeToString,
+            knittrans_dot_v1_dot_reorg__service__pb2.GetMiniBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

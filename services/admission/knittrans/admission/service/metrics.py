@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from knittrans.admission.engine.decisions import BlockingReason, DropReason
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-STALENESS_BUCKETS = (0, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32)
+# Staleness is a whole number of versions. One bucket per integer up to 16 makes the 1.0 quantile the exact
+# largest staleness, so the alert on admitted staleness above the bound is exact for any bound up to 16.
+STALENESS_BUCKETS = (*range(17), 24, 32)
 REPORT_OUTCOMES = ("accepted", "duplicate", "conflict", "invalid")
 
 

@@ -1,0 +1,1 @@
+"""Starting, watching and stopping the demo's local stack of processes."""

@@ -1,0 +1,294 @@
+"""Start the whole KnitTrans stack as local processes, run the RL job, collect the results, stop everything.
+
+Processes: the admission service; one reorg sidecar per (role, dp, cp); dp × cp trainer ranks; rollout
+workers; optionally a real Redis (journaled state) and a real Mooncake master and store. Every process is
+stopped on exit, on Ctrl-C and when any of them fails (that one is named, with the last lines of its log).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import grpc
+import yaml
+
+from knittrans.client.admission import AdmissionClient
+from knittrans.client.connection import ConnectionSettings, open_channel
+from knittrans.demo.stack.processes import ProcessGroup
+from knittrans.demo.stack.report import (
+    DemoReport,
+    build_rows,
+    check_run,
+    format_table,
+    load_manifests,
+    plot,
+    read_jsonl,
+)
+from knittrans.demo.stack.settings import SOURCES, DemoSettings, StateKind, StoreKind
+from knittrans.launch.ports import free_port
+from knittrans.reorg.settings import default_socket_path
+from knittrans.types import ConsumerId
+from knittrans.v1 import admission_service_pb2 as pb
+from knittrans.v1 import admission_service_pb2_grpc
+from knittrans.wire import consumer_to_proto
+
+ENCODER = "vision"
+ENCODER_COST_PER_MICROBATCH = 64
+
+
+def _progress(message: str) -> None:
+    print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
+
+
+class DemoStack:
+    """The processes of one demo run, started in dependency order."""
+
+    def __init__(self, settings: DemoSettings, out: Path) -> None:
+        self.settings = settings
+        self.out = out
+        self.job = f"{settings.job}-{uuid.uuid4().hex[:6]}"  # segments, sockets and store paths of this run only
+        self.group = ProcessGroup(out / "logs")
+        self.python = sys.executable
+        self.extras: list = []  # Redis / Mooncake handles
+        self.store_url = ""
+        self.admission_address = ""
+        self.metrics_urls: list[str] = []
+        self.sidecar_metrics: list[str] = []
+        self.started_at = time.time()
+        self.admissions: dict[int, dict] = {}
+        self._admission_stream = None
+        self._admission_watcher: threading.Thread | None = None
+        self._last_progress = ""
+
+    # -- starting ----------------------------------------------------------------------------------------
+
+    def start_backends(self) -> str:
+        settings = self.settings
+        state = "memory"
+        if settings.state is StateKind.REDIS:
+            from knittrans.launch.redis import start_redis
+
+            redis = start_redis(self.out / "redis")
+            self.extras.append(redis)
+            state = redis.url
+        if settings.store is StoreKind.MOONCAKE:
+            from knittrans.launch.mooncake import start_mooncake
+
+            cluster = start_mooncake(log_dir=self.out / "logs")
+            self.extras.append(cluster)
+            self.store_url = cluster.store_url
+        else:
+            self.store_url = f"file:///dev/shm/knittrans-{self.job}/units"
+        return state
+
+    def admission_config(self, state: str) -> Path:
+        settings = self.settings
+        config = {
+            "job": self.job,
+            "state": state,
+            "store": self.store_url,
+            "engine": {
+                "train_batch_size": settings.train_batch_size,
+                "num_minibatches": settings.num_minibatches,
+                "sources": {source: 1 / len(SOURCES) for source in SOURCES},
+                "policy": settings.policy.value,
+            },
+            "topology": {
+                "backbone": {"dp": settings.dp, "cp": settings.cp, "tp": 1,
+                             "max_tokens_per_microbatch": settings.max_tokens_per_microbatch},
+                "encoders": [{"name": ENCODER, "dp": settings.encoder_dp,
+                              "max_cost_per_microbatch": ENCODER_COST_PER_MICROBATCH}],
+            },
+            "server": {"port": 0, "metrics": {"port": 0}},
+        }
+        path = self.out / "admission.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def start_admission(self, state: str) -> None:
+        ready = self.out / "ready-admission.json"
+        process = self.group.start("admission", [
+            self.python, "-m", "knittrans.cli", "admission", "serve", "--config", str(self.admission_config(state)),
+            "--ready-file", str(ready)])
+        info = self.group.wait_ready(process, ready)
+        self.admission_address = info["address"]
+        self.metrics_urls.append(f"http://127.0.0.1:{info['metrics_port']}/metrics")
+
+    def consumers(self) -> list[ConsumerId]:
+        settings = self.settings
+        backbone = [ConsumerId(role="backbone", dp_rank=d, cp_rank=c) for d in range(settings.dp)
+                    for c in range(settings.cp)]
+        encoders = [ConsumerId(role=f"encoder:{ENCODER}", dp_rank=d) for d in range(settings.encoder_dp)]
+        return backbone + encoders
+
+    def start_sidecars(self) -> None:
+        pending = []
+        for consumer in self.consumers():
+            name = f"reorg-{consumer.role.replace(':', '-')}-dp{consumer.dp_rank}-cp{consumer.cp_rank}"
+            ready = self.out / f"ready-{name}.json"
+            process = self.group.start(name, [
+                self.python, "-m", "knittrans.cli", "reorg", "serve", "--job", self.job, "--role", consumer.role,
+                "--dp-rank", str(consumer.dp_rank), "--cp-rank", str(consumer.cp_rank), "--store", self.store_url,
+                "--admission", self.admission_address, "--metrics-port", "0", "--ready-file", str(ready)])
+            pending.append((process, ready))
+        for process, ready in pending:
+            info = self.group.wait_ready(process, ready)
+            url = f"http://127.0.0.1:{info['metrics_port']}/metrics"
+            self.metrics_urls.append(url)
+            self.sidecar_metrics.append(url)
+
+    def start_trainers(self) -> None:
+        settings = self.settings
+        run = {
+            "admission": self.admission_address,
+            "master_port": free_port(),
+            "dp": settings.dp,
+            "cp": settings.cp,
+            "encoder_dp": settings.encoder_dp,
+            "steps": settings.num_steps,
+            "learning_rate": settings.learning_rate,
+            "seed": settings.seed,
+            "backbone_sockets": [
+                f"unix:{default_socket_path(self.job, backbone)}"
+                for backbone in self.consumers()[: settings.world_size]  # global rank = dp_rank · cp + cp_rank
+            ],
+            "encoder_sockets": [
+                f"unix:{default_socket_path(self.job, ConsumerId(role=f'encoder:{ENCODER}', dp_rank=d))}"
+                for d in range(settings.encoder_dp)
+            ],
+            "out": str(self.out),
+        }
+        path = self.out / "run.json"
+        path.write_text(json.dumps(run, indent=2))
+        for rank in range(settings.world_size):
+            self.group.start(f"trainer-rank{rank}", [self.python, "-m", "knittrans.demo.trainer_rank", str(path),
+                                                     str(rank)], service=False)
+
+    def start_rollout(self) -> None:
+        settings = self.settings
+        for worker in range(settings.rollout_workers):
+            self.group.start(f"rollout-{worker}", [
+                self.python, "-m", "knittrans.demo.rollout_worker", "--admission", self.admission_address,
+                "--store", self.store_url, "--job", self.job, "--num-samples", str(settings.num_samples),
+                "--worker-index", str(worker), "--num-workers", str(settings.rollout_workers),
+                "--group-size", str(settings.group_size), "--seed", str(settings.seed),
+                "--concurrency", str(settings.rollout_concurrency), "--time-scale", str(settings.time_scale),
+                "--train-batch-size", str(settings.train_batch_size),
+                "--manifest", str(self.out / f"manifest-{worker}.json")], service=False)
+
+    # -- watching ----------------------------------------------------------------------------------------
+
+    def steps_done(self) -> int:
+        return len(read_jsonl(self.out / "steps-rank0.jsonl"))
+
+    def show_progress(self, client: AdmissionClient) -> None:
+        status = client.status()
+        line = (
+            f"step {self.steps_done()}/{self.settings.num_steps}  train batch {status.train_batch_index} "
+            f"mini-batch {status.minibatch_index}/{status.num_minibatches}  pool {status.pool_size}  "
+            f"admitted {status.admitted_total}  version {status.policy_version}  waiting: {status.blocking_reason}"
+        )
+        if line != self._last_progress:
+            self._last_progress = line
+            _progress(f"[{time.time() - self.started_at:6.1f}s] {line}")
+
+    def watch_admissions(self) -> None:
+        """Record every admitted mini-batch as it is admitted (released ones are forgotten by the service)."""
+        channel = open_channel(ConnectionSettings(target=self.admission_address))
+        stub = admission_service_pb2_grpc.AdmissionServiceStub(channel)
+        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(ConsumerId(role="backbone", dp_rank=0)))
+        self._admission_stream = stub.WatchAssignments(request)
+
+        def record() -> None:
+            try:
+                for response in self._admission_stream:
+                    a = response.admission
+                    self.admissions[response.sequence] = {
+                        "train_batch_index": a.train_batch_index, "minibatch_index": a.minibatch_index,
+                        "train_version": a.train_version, "admitted_at": a.admitted_at,
+                        "trajectory_ids": list(a.trajectory_ids),
+                    }
+            except grpc.RpcError:
+                pass  # cancelled when the stack stops
+            finally:
+                channel.close()
+
+        self._admission_watcher = threading.Thread(target=record, name="admissions", daemon=True)
+        self._admission_watcher.start()
+
+    def sidecar_bytes(self) -> tuple[int, int]:
+        read = needed = 0
+        for url in self.sidecar_metrics:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+            for line in text.splitlines():
+                if line.startswith("knittrans_reorg_bytes_read_total"):
+                    read += int(float(line.rsplit(" ", 1)[1]))
+                elif line.startswith("knittrans_reorg_bytes_needed_total"):
+                    needed += int(float(line.rsplit(" ", 1)[1]))
+        return read, needed
+
+    # -- stopping ----------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        if self._admission_stream is not None:
+            self._admission_stream.cancel()
+        self.group.stop_all()
+        for extra in reversed(self.extras):
+            extra.stop()
+        shutil.rmtree(f"/dev/shm/knittrans-{self.job}", ignore_errors=True)
+        shutil.rmtree(Path(default_socket_path(self.job, ConsumerId(role="backbone", dp_rank=0))).parent,
+                      ignore_errors=True)
+
+
+def run_demo(settings: DemoSettings) -> DemoReport:
+    out = Path(settings.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    stack = DemoStack(settings, out)
+    try:
+        state = stack.start_backends()
+        _progress("starting the admission service")
+        stack.start_admission(state)
+        _progress("starting reorg sidecars")
+        stack.start_sidecars()
+        print(file=sys.stderr)
+        print("Prometheus can scrape:", *stack.metrics_urls, sep="\n  ", file=sys.stderr)
+        stack.watch_admissions()
+        stack.start_trainers()
+        stack.start_rollout()
+        deadline = time.monotonic() + settings.timeout_seconds
+        with AdmissionClient(stack.admission_address) as client:
+            def poll() -> None:
+                stack.show_progress(client)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the demo did not finish in {settings.timeout_seconds:.0f}s")
+
+            stack.group.wait_all(lambda p: p.name.startswith(("trainer", "rollout")), poll=poll)
+            stack.show_progress(client)
+        print(file=sys.stderr)
+        admissions = dict(stack.admissions)
+        bytes_read, bytes_needed = stack.sidecar_bytes()
+    finally:
+        stack.stop()
+    manifest = load_manifests(out)
+    records = [r for rank in range(settings.world_size) for r in read_jsonl(out / f"steps-rank{rank}.jsonl")]
+    pieces = [p for rank in range(settings.world_size) for p in read_jsonl(out / f"received-rank{rank}.jsonl")]
+    rows = build_rows(records, admissions, manifest, stack.started_at)
+    quota = settings.train_batch_size // len(SOURCES)
+    checks = check_run(records, pieces, admissions, manifest, quotas=dict.fromkeys(SOURCES, quota),
+                       num_minibatches=settings.num_minibatches)
+    report = DemoReport(steps=tuple(rows), checks=checks, bytes_read=bytes_read, bytes_needed=bytes_needed,
+                        metrics_urls=tuple(stack.metrics_urls), job=stack.job,
+                        settings={k: str(v) for k, v in asdict(settings).items()})
+    (out / "report.json").write_text(report.to_json())
+    plot(rows, out / "report.png")
+    print(format_table(rows))
+    return report

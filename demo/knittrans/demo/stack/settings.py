@@ -1,0 +1,75 @@
+"""What `knittrans demo` runs: sizes, topology, store and state choices (loaded with the config loader)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from knittrans.admission.engine import AdmissionPolicy
+from knittrans.errors import InvalidArgument
+from knittrans.types import check_id
+
+SOURCES = ("math", "code", "chart", "agentic")  # the workload's four sources (knittrans.demo.workload)
+
+
+class StoreKind(StrEnum):
+    FILE = "file"
+    MOONCAKE = "mooncake"
+
+
+class StateKind(StrEnum):
+    MEMORY = "memory"
+    REDIS = "redis"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoSettings:
+    job: str = "demo"
+    out: str = "demo-out"
+    store: StoreKind = StoreKind.FILE
+    state: StateKind = StateKind.MEMORY
+    policy: AdmissionPolicy = AdmissionPolicy.KNITTRANS
+    dp: int = 2
+    cp: int = 2
+    encoder_dp: int = 2
+    group_size: int = 4
+    train_batch_size: int = 32  # trajectories; a multiple of 4 sources × group_size keeps the quarter quotas exact
+    num_minibatches: int = 4
+    train_batches: int = 6
+    rollout_workers: int = 2
+    rollout_concurrency: int = 6
+    time_scale: float = 0.25  # multiplies the workload's per-source rollout durations
+    max_tokens_per_microbatch: int = 192
+    learning_rate: float = 1e-2
+    seed: int = 0
+    timeout_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        check_id(self.job, "job")
+        for name in ("dp", "cp", "encoder_dp", "group_size", "num_minibatches", "train_batches", "rollout_workers",
+                     "rollout_concurrency"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument("must be at least 1", field=name)
+        if self.train_batch_size % (len(SOURCES) * self.group_size):
+            raise InvalidArgument(
+                f"must be a multiple of {len(SOURCES)} sources × group_size = {len(SOURCES) * self.group_size}",
+                field="train_batch_size",
+            )
+        if self.train_batch_size % self.num_minibatches:
+            raise InvalidArgument("must split evenly into num_minibatches", field="train_batch_size")
+        if self.encoder_dp > self.dp * self.cp:
+            raise InvalidArgument("cannot exceed the number of trainer ranks (dp × cp)", field="encoder_dp")
+        if self.time_scale < 0:
+            raise InvalidArgument("must not be negative", field="time_scale")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.cp
+
+    @property
+    def num_samples(self) -> int:
+        return self.train_batches * self.train_batch_size // self.group_size
+
+    @property
+    def num_steps(self) -> int:
+        return self.train_batches * self.num_minibatches

@@ -1,0 +1,190 @@
+"""One trainer rank of the demo: consumes its sidecars through ``TrainerClient`` and trains the small VLM.
+
+Run by ``knittrans demo`` as ``python -m knittrans.demo.trainer_rank RUN.json RANK``. The rank joins a gloo
+process group (dp × cp ranks), reads its backbone sidecar (and, on global ranks below the encoder's dp, its
+encoder sidecar), steps once per mini-batch with encoding reuse, and writes one JSON line per step. So that
+the demo can prove the bytes trained are the bytes written, each rank also records what it received of every
+per-token field (the real tokens of its CP chunks) and of every image.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from knittrans.config import build
+from knittrans.store.hashing import content_hash
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRun:
+    """What every rank needs to know about the running stack (written by the orchestrator)."""
+
+    admission: str
+    master_port: int
+    dp: int
+    cp: int
+    encoder_dp: int
+    steps: int
+    learning_rate: float
+    seed: int
+    backbone_sockets: tuple[str, ...]  # indexed by global rank = dp_rank · cp + cp_rank
+    encoder_sockets: tuple[str, ...]  # indexed by encoder dp rank
+    out: str
+
+
+class RecordingMiniBatch:
+    """A mini-batch whose micro-batches are recorded (field bytes per CP chunk) as the training loop takes them."""
+
+    def __init__(self, mini: Any, cp: int, pieces: list[dict]) -> None:
+        self._mini = mini
+        self._cp = cp
+        self._pieces = pieces
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mini, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        from knittrans.trainer.layout import item_offsets
+
+        assignment = self._mini.assignment
+        for micro in self._mini:
+            planned = assignment.microbatches[micro.index]
+            offsets = item_offsets(planned, self._cp)
+            for item, offset in zip(planned.items, offsets, strict=True):
+                for position, chunk in enumerate(item.chunks):
+                    if not chunk.tokens.length:
+                        continue
+                    start = offset + position * chunk.padded.length + chunk.tokens.start - chunk.padded.start
+                    for read in item.reads:
+                        name = read.unit.field_name
+                        if not read.spans or name not in micro:
+                            continue
+                        rows = micro[name][start : start + chunk.tokens.length]
+                        self._pieces.append({
+                            "trajectory": item.trajectory.trajectory_id, "field": name, "key": read.unit.key,
+                            "start": chunk.tokens.start, "end": chunk.tokens.end,
+                            "bytes": base64.b64encode(rows.contiguous().numpy().tobytes()).decode(),
+                        })
+            yield micro
+
+
+class RecordingEncoderMiniBatch:
+    """An encoder mini-batch whose images are hashed as the training loop takes them."""
+
+    def __init__(self, mini: Any, images: dict[str, str]) -> None:
+        self._mini = mini
+        self._images = images
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mini, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        for micro in self._mini:
+            for k, assignment in enumerate(micro.encoder_inputs):
+                image = micro["inputs"][k] if "inputs" in micro else micro[f"inputs.{k}"]
+                self._images[assignment.encoding.key] = content_hash(image.contiguous().numpy().tobytes())
+            yield micro
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    run = build(RankRun, json.loads(Path(args[0]).read_text()))
+    rank = int(args[1])
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    import torch
+    import torch.distributed as dist
+
+    from knittrans.client.connection import ConnectionSettings
+    from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel
+    from knittrans.demo.training import DemoTrainer, Parallelism, step_on_trainer_minibatch
+    from knittrans.trainer import TrainerClient, TrainerSettings
+
+    torch.set_num_threads(1)
+    torch.manual_seed(run.seed)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{run.master_port}", rank=rank, world_size=run.dp * run.cp
+    )
+    parallelism = Parallelism.from_world(dp=run.dp, cp=run.cp)
+    trainer = DemoTrainer(VisionLanguageModel(VisionLanguageConfig()), parallelism, learning_rate=run.learning_rate)
+    admission = ConnectionSettings(target=run.admission)
+    backbone = TrainerClient(TrainerSettings(sidecar=run.backbone_sockets[rank], global_rank=rank, admission=admission))
+    encoder = (
+        TrainerClient(TrainerSettings(sidecar=run.encoder_sockets[rank], global_rank=rank, admission=admission,
+                                      advance_version=False))
+        if rank < run.encoder_dp else None
+    )
+    out = Path(run.out)
+    steps_file = open(out / f"steps-rank{rank}.jsonl", "w")
+    pieces_file = open(out / f"received-rank{rank}.jsonl", "w")
+    encoder_minis = encoder.mini_batches() if encoder is not None else None
+    try:
+        for step, mini in enumerate(backbone.mini_batches()):
+            encoder_mini = next(encoder_minis) if encoder_minis is not None else None
+            pieces: list[dict] = []
+            started = time.perf_counter()
+            images: dict[str, str] = {}
+            result = step_on_trainer_minibatch(
+                trainer,
+                RecordingMiniBatch(mini, run.cp, pieces),
+                encoder_mini=RecordingEncoderMiniBatch(encoder_mini, images) if encoder_mini is not None else None,
+            )
+            steps_file.write(json.dumps({
+                "rank": rank, "dp_rank": parallelism.dp_rank, "cp_rank": parallelism.cp_rank, "step": step,
+                "sequence": mini.sequence, "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
+                "train_version": mini.train_version, "loss": result.loss, "loss_tokens": result.loss_tokens,
+                "micro_batches": result.micro_batches, "encodings_computed": result.encodings_computed,
+                "encoding_references": result.encoding_references, "dedup_factor": result.dedup_factor,
+                "data_wait_seconds": result.data_wait_seconds, "compute_seconds": result.compute_seconds,
+                "step_seconds": time.perf_counter() - started, "finished_at": time.time(),
+                "bytes_needed": mini.assignment.needed_bytes
+                + (encoder_mini.assignment.needed_bytes if encoder_mini is not None else 0),
+                "trajectories": sorted({p["trajectory"] for p in pieces}), "images_encoded": images,
+            }) + "\n")
+            steps_file.flush()
+            for piece in pieces:
+                pieces_file.write(json.dumps(piece) + "\n")
+            pieces_file.flush()
+            mini.complete()
+            if encoder_mini is not None:
+                encoder_mini.complete()
+            if step + 1 >= run.steps:
+                break
+    finally:
+        steps_file.close()
+        pieces_file.close()
+        backbone.close()
+        if encoder is not None:
+            encoder.close()
+        dist.destroy_process_group()
+    logger.info("trained %d mini-batches", run.steps)
+    return 0
+
+
+def received_hashes(pieces_by_unit: dict[str, list[dict]]) -> dict[str, str]:
+    """Reassemble each unit from the pieces every rank received; the content hash of what was trained."""
+    hashes = {}
+    for key, pieces in pieces_by_unit.items():
+        ordered = sorted(pieces, key=lambda p: p["start"])
+        position = 0
+        data = bytearray()
+        for piece in ordered:
+            if piece["start"] != position:
+                break  # a gap or an overlap: the hash will not match
+            data += base64.b64decode(piece["bytes"])
+            position = piece["end"]
+        hashes[key] = content_hash(bytes(data))
+    return hashes
+
+
+if __name__ == "__main__":
+    sys.exit(main())

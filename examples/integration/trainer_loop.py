@@ -1,0 +1,64 @@
+"""How a training loop (verl- or slime-style) consumes micro-batches from its node-local reorg sidecar.
+
+    python examples/integration/trainer_loop.py --sidecar unix:/tmp/knittrans-job/reorg-backbone-dp0-cp0.sock \
+        --admission HOST:PORT [--token TOKEN] [--minibatches 2]
+
+Each mini-batch is one optimizer step. Its micro-batches arrive in consumption order as torch tensors that view
+shared memory (no copy); a background thread prefetches the next ones while this one computes. The loss of
+every micro-batch is normalised by the mini-batch's global loss-token count, so gradient accumulation over
+micro-batches and DP ranks gives the same result as one big batch. Finishing a mini-batch reports the optimizer
+step (its units can then be released), and global rank 0 advances the policy version after a train batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from knittrans.client.connection import ConnectionSettings
+from knittrans.trainer import TrainerClient, TrainerSettings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sidecar", required=True, help="unix:/path of this rank's reorg sidecar")
+    parser.add_argument("--admission", required=True, help="host:port of the admission service (progress reports)")
+    parser.add_argument("--token", default="")
+    parser.add_argument("--global-rank", type=int, default=0)
+    parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps to run")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(32000, 16)
+    head = torch.nn.Linear(16, 32000)
+    optimizer = torch.optim.SGD([*embedding.parameters(), *head.parameters()], lr=0.1)
+    client = TrainerClient(TrainerSettings(
+        sidecar=args.sidecar, global_rank=args.global_rank,
+        admission=ConnectionSettings(target=args.admission, token=args.token),
+    ))
+    try:
+        for step, mini in enumerate(client.mini_batches()):
+            optimizer.zero_grad()
+            total = 0.0
+            for micro in mini:
+                logits = head(embedding(micro["input_ids"].long()))
+                token_losses = torch.nn.functional.cross_entropy(
+                    logits, micro["labels"].long().clamp(min=0), reduction="none"
+                )
+                mask = (micro["labels"] >= 0) & micro["loss_mask"].bool()  # padding carries the ignore label
+                loss = (token_losses * mask).sum() / mini.global_loss_tokens
+                loss.backward()
+                total += float(loss)
+            optimizer.step()
+            print(f"step {step}: train batch {mini.train_batch_index} mini-batch {mini.minibatch_index}, "
+                  f"{mini.num_microbatches} micro-batches, loss {total:.4f}")
+            mini.complete()
+            if step + 1 >= args.minibatches:
+                break
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+"""Where a sidecar's assignments come from (DESIGN.md §2 step 4).
+
+An :class:`AssignmentSource` registers the consumer, then yields its assignments in sequence order and takes
+acknowledgements (``acknowledge(s)``: everything up to ``s`` is delivered, so a restarted sidecar resumes
+after it). Two implementations:
+
+- :class:`AdmissionAssignmentSource`: the admission service over gRPC (``RegisterConsumer``, then
+  ``WatchAssignments`` from the acknowledged sequence, reconnecting with back-off and resuming with no gap and
+  no repeat; ``ReportProgress(DELIVERED)`` for acknowledgements);
+- :class:`PlannedAssignmentSource`: plans computed in-process (embedded single-process use, benchmarks); it
+  ends after its last plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cached_property
+from typing import Protocol
+
+import grpc
+from grpc import aio
+
+from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_aio_channel
+from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
+from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
+from knittrans.plan_proto import encoding_assignment_to_proto
+from knittrans.types import ConsumerId, Topology
+from knittrans.v1 import admission_pb2, admission_service_pb2, admission_service_pb2_grpc, plan_pb2
+from knittrans.wire import consumer_to_proto, topology_from_proto, within
+
+logger = logging.getLogger(__name__)
+
+_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """Which mini-batch an assignment belongs to."""
+
+    train_batch_index: int = 0
+    minibatch_index: int = 0
+    num_minibatches: int = 1
+    train_version: int = 0
+    trajectory_ids: tuple[str, ...] = ()
+    admitted_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trajectory_ids", tuple(self.trajectory_ids))
+        if self.num_minibatches < 1 or not 0 <= self.minibatch_index < self.num_minibatches:
+            raise InvalidArgument(
+                f"needs 0 <= minibatch_index < num_minibatches, got {self.minibatch_index}/{self.num_minibatches}",
+                field="minibatch_index",
+            )
+
+    def to_proto(self) -> admission_pb2.MiniBatchAdmission:
+        return admission_pb2.MiniBatchAdmission(
+            train_batch_index=self.train_batch_index, minibatch_index=self.minibatch_index,
+            num_minibatches=self.num_minibatches, train_version=self.train_version,
+            trajectory_ids=self.trajectory_ids, admitted_at=self.admitted_at,
+        )
+
+    @staticmethod
+    def from_proto(message: admission_pb2.MiniBatchAdmission) -> Admission:
+        return Admission(
+            train_batch_index=message.train_batch_index, minibatch_index=message.minibatch_index,
+            num_minibatches=message.num_minibatches or 1, train_version=message.train_version,
+            trajectory_ids=tuple(message.trajectory_ids), admitted_at=message.admitted_at,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AssignmentEvent:
+    """One admitted mini-batch as this consumer sees it.
+
+    The consumer's part arrives either decoded (``assignment``) or as its protobuf (``message``); a message is
+    decoded one micro-batch at a time (:meth:`unit`), so the first micro-batch can be read and packed before
+    the rest of a large assignment is decoded.
+    """
+
+    sequence: int
+    admission: Admission
+    global_loss_tokens: int
+    consumer: ConsumerId
+    plan: Plan | None = None  # the whole plan, when the source has it (encoding schedules need it)
+    received_at: float = 0.0  # wall clock: when the assignment reached this sidecar (before decoding it)
+    decoded: ConsumerAssignment | None = None
+    message: plan_pb2.ConsumerAssignment | None = None
+
+    def __post_init__(self) -> None:
+        if self.sequence < 1:
+            raise InvalidArgument("must be at least 1", field="sequence")
+        if (self.decoded is None) == (self.message is None):
+            raise InvalidArgument("needs the assignment decoded or as a message, not both", field="assignment")
+
+    @property
+    def encoder(self) -> bool:
+        return self.consumer.encoder_name is not None
+
+    @property
+    def num_units(self) -> int:
+        """Micro-batches (encoder micro-batches for an encoder consumer) in consumption order."""
+        if self.decoded is not None:
+            return len(self.decoded.encoder_microbatches if self.encoder else self.decoded.microbatches)
+        assert self.message is not None
+        return len(self.message.encoder_microbatches if self.encoder else self.message.microbatches)
+
+    def unit(self, index: int) -> MicroBatchAssignment | EncoderMicroBatchAssignment:
+        if self.decoded is not None:
+            return (self.decoded.encoder_microbatches if self.encoder else self.decoded.microbatches)[index]
+        assert self.message is not None
+        single = plan_pb2.ConsumerAssignment(consumer=self.message.consumer, cp=self.message.cp,
+                                             minibatch_loss_tokens=self.message.minibatch_loss_tokens)
+        if self.encoder:
+            # Without routes: the sidecar needs the inputs' keys and headers; the routes travel on as messages.
+            unit = single.encoder_microbatches.add()
+            unit.CopyFrom(self.message.encoder_microbatches[index])
+            for encoding in unit.encodings:
+                encoding.ClearField("routes")
+            return within(f"encoder_microbatches[{index}]",
+                          lambda: ConsumerAssignment.from_proto(single).encoder_microbatches[0])
+        single.microbatches.append(self.message.microbatches[index])
+        return within(f"microbatches[{index}]", lambda: ConsumerAssignment.from_proto(single).microbatches[0])
+
+    def encoder_input_messages(self, index: int) -> tuple[plan_pb2.EncodingAssignment, ...]:
+        """Encoder micro-batch ``index``'s inputs with their routes, as messages (what descriptors carry)."""
+        if self.message is not None:
+            return tuple(self.message.encoder_microbatches[index].encodings)
+        assert self.decoded is not None
+        return tuple(encoding_assignment_to_proto(e) for e in self.decoded.encoder_microbatches[index].encodings)
+
+    @cached_property
+    def assignment(self) -> ConsumerAssignment:
+        """The whole part, decoded (once)."""
+        if self.decoded is not None:
+            return self.decoded
+        assert self.message is not None
+        return ConsumerAssignment.from_proto(self.message)
+
+    def assignment_proto(self) -> plan_pb2.ConsumerAssignment:
+        if self.message is not None:
+            return self.message
+        assert self.decoded is not None
+        return self.decoded.to_proto()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    topology: Topology
+    acknowledged_sequence: int
+    job: str
+
+
+class AssignmentSource(Protocol):
+    """Assignments of one consumer, in sequence order (see the module docstring)."""
+
+    async def register(self) -> Registration: ...
+
+    def __aiter__(self) -> AsyncIterator[AssignmentEvent]: ...
+
+    async def acknowledge(self, sequence: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+class PlannedAssignmentSource:
+    """Assignments cut from plans computed in this process; ends after the last plan.
+
+    ``plans`` are (admission, plan) pairs in sequence order (sequence numbers start at ``first_sequence``);
+    iteration starts after the last acknowledged sequence given at construction.
+    """
+
+    def __init__(
+        self,
+        consumer: ConsumerId,
+        plans: Sequence[tuple[Admission, Plan]],
+        *,
+        first_sequence: int = 1,
+        acknowledged_sequence: int = 0,
+        job: str = "default",
+        topology: Topology | None = None,
+    ) -> None:
+        if not plans and topology is None:
+            raise InvalidArgument("needs at least one plan, or the topology", field="plans")
+        self._consumer = consumer
+        self._plans = list(plans)
+        self._first = first_sequence
+        self._topology = topology or self._plans[0][1].topology
+        consumer.check_within(self._topology)
+        self._job = job
+        self.acknowledged = acknowledged_sequence
+
+    async def register(self) -> Registration:
+        return Registration(topology=self._topology, acknowledged_sequence=self.acknowledged, job=self._job)
+
+    async def _events(self) -> AsyncIterator[AssignmentEvent]:
+        for offset, (admission, plan) in enumerate(self._plans):
+            sequence = self._first + offset
+            if sequence <= self.acknowledged:
+                continue
+            received_at = time.time()
+            part = plan.for_consumer(self._consumer)
+            yield AssignmentEvent(sequence=sequence, admission=admission, consumer=self._consumer,
+                                  global_loss_tokens=part.minibatch_loss_tokens, decoded=part, plan=plan,
+                                  received_at=received_at)
+            await asyncio.sleep(0)
+
+    def __aiter__(self) -> AsyncIterator[AssignmentEvent]:
+        return self._events()
+
+    async def acknowledge(self, sequence: int) -> None:
+        self.acknowledged = max(self.acknowledged, sequence)
+
+    async def close(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchSettings:
+    deadline: timedelta = timedelta(seconds=10)  # unary calls
+    initial_backoff: timedelta = timedelta(milliseconds=50)
+    max_backoff: timedelta = timedelta(seconds=2)
+    give_up_after: timedelta | None = None  # None: reconnect forever (the service may be restarting)
+
+
+@dataclass
+class _Backoff:
+    settings: WatchSettings
+    current: float = field(init=False, default=0.0)
+    failing_since: float | None = field(init=False, default=None)
+
+    async def wait(self, error: Exception) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self.failing_since is None:
+            self.failing_since = now
+        limit = self.settings.give_up_after
+        if limit is not None and now - self.failing_since > limit.total_seconds():
+            raise error
+        self.current = min(max(self.current * 2, self.settings.initial_backoff.total_seconds()),
+                           self.settings.max_backoff.total_seconds())
+        await asyncio.sleep(self.current * (0.5 + random.random() / 2))
+
+    def reset(self) -> None:
+        self.current = 0.0
+        self.failing_since = None
+
+
+def _retryable(error: grpc.aio.AioRpcError) -> bool:
+    return error.code() in _RETRYABLE_CODES
+
+
+class AdmissionAssignmentSource:
+    """The admission service's assignment stream for one consumer (see the module docstring)."""
+
+    def __init__(self, connection: ConnectionSettings, consumer: ConsumerId,
+                 settings: WatchSettings | None = None) -> None:
+        self._connection = connection
+        self._consumer = consumer
+        self._settings = settings or WatchSettings()
+        self._metadata = connection.call_metadata()
+        self._channel = open_aio_channel(connection)
+        self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
+        self._received = 0  # the last sequence yielded: resume point after a reconnect
+        self._registered = False
+
+    @property
+    def consumer(self) -> ConsumerId:
+        return self._consumer
+
+    async def _unary(self, rpc, request):
+        backoff = _Backoff(self._settings)
+        while True:
+            try:
+                return await rpc(request, timeout=self._settings.deadline.total_seconds(), metadata=self._metadata)
+            except aio.AioRpcError as error:
+                if not _retryable(error):
+                    raise error_from_rpc(error) from None
+                logger.info("admission service call failed (%s), retrying", error.code().name)
+                await backoff.wait(error_from_rpc(error))
+
+    async def register(self) -> Registration:
+        response = await self._unary(
+            self._stub.RegisterConsumer,
+            admission_service_pb2.RegisterConsumerRequest(
+                request_id=f"register/{self._consumer}", consumer=consumer_to_proto(self._consumer)
+            ),
+        )
+        topology = topology_from_proto(response.topology)
+        self._consumer.check_within(topology)
+        self._received = response.acknowledged_sequence
+        self._registered = True
+        logger.info("registered %s with the admission service; resuming after sequence %d",
+                    self._consumer, self._received)
+        return Registration(topology=topology, acknowledged_sequence=response.acknowledged_sequence,
+                            job=response.job)
+
+    def __aiter__(self) -> AsyncIterator[AssignmentEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[AssignmentEvent]:
+        if not self._registered:
+            await self.register()
+        backoff = _Backoff(self._settings)
+        while True:
+            call = self._stub.WatchAssignments(
+                admission_service_pb2.WatchAssignmentsRequest(
+                    consumer=consumer_to_proto(self._consumer), after_sequence=self._received
+                ),
+                metadata=self._metadata,
+            )
+            try:
+                async for response in call:
+                    received_at = time.time()
+                    backoff.reset()
+                    if response.sequence <= self._received:
+                        continue  # a repeat after a reconnect race: already yielded
+                    if response.sequence != self._received + 1:
+                        raise KnitTransError(
+                            f"assignment stream skipped from {self._received} to {response.sequence}",
+                            field="sequence",
+                        )
+                    event = _event_from_proto(response, received_at, self._consumer)
+                    self._received = event.sequence
+                    yield event
+                logger.info("the assignment stream ended (service shutting down?); reconnecting")
+                await backoff.wait(Unavailable("the admission service keeps closing the assignment stream"))
+            except aio.AioRpcError as error:
+                if not _retryable(error):
+                    raise error_from_rpc(error) from None
+                logger.info("assignment stream broke (%s); reconnecting after sequence %d",
+                            error.code().name, self._received)
+                await backoff.wait(error_from_rpc(error))
+            finally:
+                call.cancel()
+
+    async def acknowledge(self, sequence: int) -> None:
+        await self._unary(
+            self._stub.ReportProgress,
+            admission_service_pb2.ReportProgressRequest(
+                request_id=f"delivered/{self._consumer}/{sequence}",
+                consumer=consumer_to_proto(self._consumer),
+                sequence=sequence,
+                stage=admission_service_pb2.PROGRESS_STAGE_DELIVERED,
+            ),
+        )
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def _event_from_proto(
+    response: admission_service_pb2.WatchAssignmentsResponse, received_at: float, consumer: ConsumerId
+) -> AssignmentEvent:
+    if (response.assignment.consumer.role, response.assignment.consumer.dp_rank,
+            response.assignment.consumer.cp_rank) != (consumer.role, consumer.dp_rank, consumer.cp_rank):
+        raise InvalidArgument(f"is not {consumer}'s", field="assignment.consumer")
+    plan = None
+    # A service that sends the whole plan (for encoding schedules) sets an optional `plan` field.
+    if "plan" in response.DESCRIPTOR.fields_by_name and response.HasField("plan"):
+        plan = Plan.from_proto(response.plan)
+    return AssignmentEvent(
+        sequence=response.sequence,
+        admission=Admission.from_proto(response.admission),
+        global_loss_tokens=response.global_loss_tokens,
+        consumer=consumer,
+        message=response.assignment,
+        plan=plan,
+        received_at=received_at,
+    )
+
+
+__all__ = [
+    "Admission",
+    "AdmissionAssignmentSource",
+    "AssignmentEvent",
+    "AssignmentSource",
+    "PlannedAssignmentSource",
+    "Registration",
+    "WatchSettings",
+]

@@ -1,0 +1,86 @@
+"""``knittrans reorg serve``: run one reorg sidecar until SIGTERM (then remove its segments and socket)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from knittrans.config import config_path_from_env, load_config
+from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
+from knittrans.reorg.endpoint import start_reorg
+from knittrans.reorg.settings import ReorgSettings
+from knittrans.serving.server import run_until_signalled
+from knittrans.store.factory import open_store
+
+logger = logging.getLogger(__name__)
+
+
+def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Run a reorg sidecar for one (role, DP rank, CP rank): assignments in, packed micro-batches in shm out."""
+    parser.add_argument("--config", help="YAML config file (default: $KNITTRANS_CONFIG)")
+    parser.add_argument("--job", help="job name: prefixes shared-memory segments and the default socket")
+    parser.add_argument("--role", help="backbone (default) or encoder:<name>")
+    parser.add_argument("--dp-rank", type=int)
+    parser.add_argument("--cp-rank", type=int)
+    parser.add_argument("--store", help="unit store URL: file:///dev/shm/..., mooncake://host:port, ray://")
+    parser.add_argument("--admission", help="admission service address, host:port")
+    parser.add_argument("--socket", help="Unix socket the trainer ranks dial (default under /tmp/knittrans-<job>/)")
+    parser.add_argument("--slots", type=int, help="ring size K (default 4)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one, -1 disables")
+    parser.add_argument("--ready-file", type=Path, help="write {address, metrics_port, incarnation} as JSON here once "
+                                                       "serving")
+    return _run
+
+
+def _run(args: argparse.Namespace) -> int:
+    flags = {
+        "job": args.job,
+        "role": args.role,
+        "dp_rank": args.dp_rank,
+        "cp_rank": args.cp_rank,
+        "store": args.store,
+        "admission.target": args.admission,
+        "server.unix_socket": args.socket,
+        "ring.slots": args.slots,
+        "server.metrics.port": args.metrics_port,
+    }
+    settings = load_config(ReorgSettings, path=args.config or config_path_from_env(), flags=flags)
+    return run_until_signalled(lambda stop: serve(settings, stop, ready_file=args.ready_file))
+
+
+async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Path | None = None) -> int:
+    link = settings.admission
+    watch = WatchSettings(
+        deadline=timedelta(seconds=link.deadline_seconds),
+        give_up_after=timedelta(seconds=link.give_up_after_seconds) if link.give_up_after_seconds else None,
+    )
+    source = AdmissionAssignmentSource(link.connection(), settings.consumer, watch)
+    store = await asyncio.to_thread(open_store, settings.store, job=settings.job)
+    try:
+        running = await start_reorg(settings, source=source, store=store)
+    except BaseException:
+        await source.close()
+        store.close()
+        raise
+    if ready_file is not None:
+        ready = {"address": running.address, "metrics_port": running.server.metrics_port,
+                 "incarnation": running.sidecar.incarnation}
+        temporary = ready_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(ready))
+        temporary.replace(ready_file)
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({stopping, running.pipeline}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        failed = running.pipeline.done() and not running.pipeline.cancelled() and running.pipeline.exception()
+        await running.stop(grace=settings.server.grace_seconds)
+    if failed:
+        logger.error("the sidecar stopped because its pipeline failed: %s", failed)
+        return 1
+    return 0

@@ -1,0 +1,122 @@
+"""The reorg sidecar's config (one YAML file, ``KNITTRANS_*`` variables and flags via :mod:`knittrans.config`).
+
+Example::
+
+    job: grpo-7b
+    role: backbone          # or encoder:<name>
+    dp_rank: 0
+    cp_rank: 1
+    store: mooncake://10.0.0.5:50051
+    admission:
+      target: admission.knittrans:50051
+      token_file: /var/run/secrets/knittrans/token
+    ring:
+      slots: 4
+    packing:
+      pack_multiple: 128
+    server:
+      unix_socket: /run/knittrans/reorg-backbone-dp0-cp1.sock
+      metrics: {port: 9402}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from knittrans.client.connection import ClientTlsSettings, ConnectionSettings
+from knittrans.errors import InvalidArgument
+from knittrans.reorg.packing import PackSettings
+from knittrans.serving.settings import ServerSettings
+from knittrans.shm import segment_prefix
+from knittrans.types import ConsumerId, check_id
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+SOCKET_ROOT = Path("/tmp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionLink:
+    """How the sidecar reaches the admission service."""
+
+    target: str = ""
+    token: str = ""
+    token_file: str = ""
+    tls: ClientTlsSettings = field(default_factory=ClientTlsSettings)
+    deadline_seconds: float = 10.0
+    give_up_after_seconds: float = 0.0  # 0: keep reconnecting while the service restarts
+
+    def __post_init__(self) -> None:
+        if self.deadline_seconds <= 0:
+            raise InvalidArgument("must be positive", field="deadline_seconds")
+        if self.give_up_after_seconds < 0:
+            raise InvalidArgument("must not be negative", field="give_up_after_seconds")
+
+    def connection(self) -> ConnectionSettings:
+        if not self.target:
+            raise InvalidArgument("the sidecar needs the admission service's address", field="admission.target")
+        return ConnectionSettings(target=self.target, token=self.token, token_file=self.token_file, tls=self.tls)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RingSettings:
+    slots: int = 4
+    initial_slot_bytes: int = 0  # segments are sized by the first micro-batch and grow when one does not fit
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise InvalidArgument("must be at least 1", field="slots")
+        if self.initial_slot_bytes < 0:
+            raise InvalidArgument("must not be negative", field="initial_slot_bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReorgSettings:
+    job: str = "default"
+    role: str = "backbone"
+    dp_rank: int = 0
+    cp_rank: int = 0
+    store: str = ""  # unit store URL (file://, mooncake://, ray://)
+    admission: AdmissionLink = field(default_factory=AdmissionLink)
+    ring: RingSettings = field(default_factory=RingSettings)
+    packing: PackSettings = field(default_factory=PackSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    read_retry_seconds: float = 30.0
+    retained_minibatches: int = 16  # mini-batch contexts kept for GetMiniBatch
+
+    def __post_init__(self) -> None:
+        check_id(self.job, "job")
+        self.consumer  # noqa: B018 (validates role and ranks)
+        if not self.store:
+            raise InvalidArgument("must name the unit store, e.g. file:///dev/shm/knittrans-job", field="store")
+        if self.read_retry_seconds < 0:
+            raise InvalidArgument("must not be negative", field="read_retry_seconds")
+        if self.retained_minibatches < 1:
+            raise InvalidArgument("must be at least 1", field="retained_minibatches")
+        if len(self.socket_path) > MAX_SOCKET_PATH:
+            raise InvalidArgument(f"longer than {MAX_SOCKET_PATH} characters", field="server.unix_socket")
+
+    @property
+    def consumer(self) -> ConsumerId:
+        return ConsumerId(role=self.role, dp_rank=self.dp_rank, cp_rank=self.cp_rank)
+
+    @property
+    def owner_name(self) -> str:
+        """Names this sidecar's segments and default socket: one per (role, dp rank, cp rank) of a job."""
+        return f"{_UNSAFE.sub('_', self.role)}-dp{self.dp_rank}-cp{self.cp_rank}"
+
+    @property
+    def segment_prefix(self) -> str:
+        return segment_prefix(self.job, self.owner_name)
+
+    @property
+    def socket_path(self) -> str:
+        return self.server.unix_socket or default_socket_path(self.job, self.consumer)
+
+
+def default_socket_path(job: str, consumer: ConsumerId) -> str:
+    """``/tmp/knittrans-<job>/reorg-<role>-dp<d>-cp<c>.sock``: what a trainer on the same node dials."""
+    owner = f"{_UNSAFE.sub('_', consumer.role)}-dp{consumer.dp_rank}-cp{consumer.cp_rank}"
+    return str(SOCKET_ROOT / f"knittrans-{_UNSAFE.sub('_', job)}" / f"reorg-{owner}.sock")

@@ -1,0 +1,54 @@
+"""The integration examples run against a real admission service and a real reorg sidecar (subprocesses)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import yaml
+
+from knittrans.demo.stack.processes import ProcessGroup
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples" / "integration"
+
+
+def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
+    job = f"ex{uuid.uuid4().hex[:6]}"
+    store = f"file://{tmp_path / 'units'}"
+    config = tmp_path / "admission.yaml"
+    config.write_text(yaml.safe_dump({
+        "job": job, "store": store,
+        "engine": {"train_batch_size": 8, "num_minibatches": 2, "sources": {"A": 0.5, "B": 0.5}},
+        "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 96},
+                     "encoders": [{"name": "vision", "dp": 1, "max_cost_per_microbatch": 16}]},
+        "server": {"port": 0, "metrics": {"port": -1}},
+    }))
+    group = ProcessGroup(tmp_path / "logs")
+    try:
+        admission = group.start("admission", [sys.executable, "-m", "knittrans.cli", "admission", "serve",
+                                              "--config", str(config), "--ready-file", str(tmp_path / "a.json")])
+        address = group.wait_ready(admission, tmp_path / "a.json")["address"]
+        sidecar = group.start("sidecar", [sys.executable, "-m", "knittrans.cli", "reorg", "serve", "--job", job,
+                                          "--store", store, "--admission", address, "--metrics-port", "-1",
+                                          "--ready-file", str(tmp_path / "s.json")])
+        socket = group.wait_ready(sidecar, tmp_path / "s.json")["address"]
+        rollout = subprocess.run(
+            [sys.executable, str(EXAMPLES / "rollout_worker.py"), "--admission", address, "--store", store,
+             "--count", "8"], capture_output=True, text=True, timeout=120,
+        )
+        assert rollout.returncode == 0, rollout.stderr
+        assert rollout.stdout.count("submitted example-") == 8
+        assert "admitted 8" in rollout.stdout  # both mini-batches of the train batch
+        trainer = subprocess.run(
+            [sys.executable, str(EXAMPLES / "trainer_loop.py"), "--sidecar", socket, "--admission", address,
+             "--minibatches", "2"], capture_output=True, text=True, timeout=120,
+        )
+        assert trainer.returncode == 0, trainer.stderr
+        assert "step 0: train batch 0 mini-batch 0" in trainer.stdout
+        assert "step 1: train batch 0 mini-batch 1" in trainer.stdout
+        group.check()  # the service and the sidecar are still up
+    finally:
+        group.stop_all()
