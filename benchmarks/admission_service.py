@@ -2,8 +2,11 @@
 
 The service runs as its own process (`knittrans admission serve`), as in production. Ingest clients are
 separate processes that send pre-serialised reports of 1,000 trajectories per RPC, each trajectory with 4
-per-token fields and 4 multimodal references. Latency is measured from sending the report that makes a
-mini-batch admissible to the assignment arriving on a consumer's stream.
+per-token fields and 4 multimodal references, as a columnar TrajectoryBatch (what AdmissionClient sends) and,
+as the baseline, as a list of TrajectoryMetadata messages; ingest time runs from the start signal until the
+last report is acknowledged. Latency is measured from sending the report that makes a mini-batch of 64
+admissible (its 64th trajectory; the other 63 are reported just before) to the assignment arriving on a
+backbone consumer's stream, in both report forms, after one untimed round.
 
 Targets (issue 6, on 2 cores): >= 50k reports/s in memory, >= 20k reports/s with Redis, p99 <= 10 ms.
 
@@ -23,18 +26,23 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import yaml
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, open_channel
 from knittrans.launch.redis import start_redis
+from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, trajectory_pb2
 from knittrans.wire import consumer_to_proto
 
 BATCH = 1000
+# The columnar batch (what AdmissionClient sends) is measured against the baseline: a list of messages, the
+# form plain gRPC users may send.
+FORMS = ("batch", "messages")
 FIELDS = (("input_ids", trajectory_pb2.D_TYPE_INT32, 1), ("logprobs", trajectory_pb2.D_TYPE_FLOAT32, 1),
           ("loss_mask", trajectory_pb2.D_TYPE_UINT8, 1), ("routing", trajectory_pb2.D_TYPE_UINT8, 64))
 ITEMSIZE = {trajectory_pb2.D_TYPE_INT32: 4, trajectory_pb2.D_TYPE_FLOAT32: 4, trajectory_pb2.D_TYPE_UINT8: 1}
@@ -100,110 +108,143 @@ class Service:
         self.log.close()
 
 
-def _ingest_worker(address: str, prefix: str, rpcs: int, barrier, results) -> None:
+def report_request(request_id: str, trajectories: list[trajectory_pb2.TrajectoryMetadata], form: str) -> bytes:
+    """A serialised report in either form: ``batch`` (columns, what AdmissionClient sends) or ``messages``."""
+    if form == "batch":
+        request = pb.ReportTrajectoriesRequest(request_id=request_id, batch=batch_from_messages(trajectories))
+        return request.SerializeToString()
+    return pb.ReportTrajectoriesRequest(request_id=request_id, trajectories=trajectories).SerializeToString()
+
+
+def _ingest_worker(address: str, prefix: str, rpcs: int, form: str, barrier, results) -> None:
     rng = np.random.default_rng(abs(hash(prefix)) % 2**32)
     requests = [
-        pb.ReportTrajectoriesRequest(request_id=f"{prefix}-{r}", trajectories=[
-            trajectory(prefix, r * BATCH + i, int(rng.integers(300, 4000))) for i in range(BATCH)]).SerializeToString()
+        report_request(f"{prefix}-{r}", [trajectory(prefix, r * BATCH + i, int(rng.integers(300, 4000)))
+                                         for i in range(BATCH)], form)
         for r in range(rpcs)
     ]
     channel = open_channel(ConnectionSettings(target=address))
+    grpc.channel_ready_future(channel).result(timeout=30)  # connect before the clock starts
     send = channel.unary_unary("/knittrans.v1.AdmissionService/ReportTrajectories",
                                request_serializer=lambda raw: raw,
                                response_deserializer=pb.ReportTrajectoriesResponse.FromString)
     barrier.wait()
-    started = time.perf_counter()
     for raw in requests:
         send(raw, timeout=60)
-    results.put(time.perf_counter() - started)
+    results.put(time.perf_counter())  # CLOCK_MONOTONIC: comparable across processes
     channel.close()
 
 
-def measure_ingest(address: str, clients: int, rpcs_per_client: int, label: str) -> dict:
+def measure_ingest(address: str, clients: int, rpcs_per_client: int, label: str, form: str) -> dict:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(clients + 1)
     results = context.Queue()
-    workers = [context.Process(target=_ingest_worker, args=(address, f"{label}{c}", rpcs_per_client, barrier, results))
+    workers = [context.Process(target=_ingest_worker,
+                               args=(address, f"{label}{c}", rpcs_per_client, form, barrier, results))
                for c in range(clients)]
     for worker in workers:
         worker.start()
     barrier.wait()
     started = time.perf_counter()
+    # Until the last report is acknowledged (the workers' exit is not part of ingest).
+    wall = max(results.get(timeout=600) for _ in workers) - started
     for worker in workers:
         worker.join()
-    wall = time.perf_counter() - started
     reports = clients * rpcs_per_client * BATCH
-    return {"clients": clients, "reports": reports, "seconds": round(wall, 3),
+    return {"form": form, "clients": clients, "reports": reports, "seconds": round(wall, 3),
             "reports_per_second": round(reports / wall)}
 
 
-def measure_latency(address: str, rounds: int, minibatch: int, num_minibatches: int) -> dict:
-    """Send m−1 trajectories, then time the m-th report until its assignment arrives on the stream."""
+def measure_latency(address: str, rounds: int, minibatch: int, num_minibatches: int, form: str) -> dict:
+    """Send m−1 trajectories, then time the m-th report until its assignment arrives on the stream.
+
+    Both channels are connected, and one round is run untimed, before the first timed round."""
     client = AdmissionClient(address)
     arrivals: dict[int, float] = {}
     arrived = threading.Condition()
+    watching = threading.Event()
 
     def watch() -> None:
         # Arrival is when the assignment message is received; turning it into domain objects is the consumer's
         # own work, so the raw stream is read here.
-        watcher = admission_service_pb2_grpc.AdmissionServiceStub(open_channel(ConnectionSettings(target=address)))
+        channel = open_channel(ConnectionSettings(target=address))
+        grpc.channel_ready_future(channel).result(timeout=30)
+        watcher = admission_service_pb2_grpc.AdmissionServiceStub(channel)
         request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(CONSUMER))
-        for response in watcher.WatchAssignments(request):
+        stream = watcher.WatchAssignments(request)
+        watching.set()
+        for response in stream:
             with arrived:
                 arrivals[response.sequence] = time.perf_counter()
                 arrived.notify_all()
 
     threading.Thread(target=watch, daemon=True).start()
     channel = open_channel(ConnectionSettings(target=address))
-    stub = admission_service_pb2_grpc.AdmissionServiceStub(channel)
+    grpc.channel_ready_future(channel).result(timeout=30)
+    watching.wait(timeout=30)
+    send = channel.unary_unary("/knittrans.v1.AdmissionService/ReportTrajectories",
+                               request_serializer=lambda raw: raw,
+                               response_deserializer=pb.ReportTrajectoriesResponse.FromString)
     latencies = []
     index = 0
-    for sequence in range(1, rounds + 1):
+    for sequence in range(1, rounds + 2):
         batch = [trajectory("lat", index + i, 1000) for i in range(minibatch)]
         index += minibatch
-        stub.ReportTrajectories(pb.ReportTrajectoriesRequest(request_id=f"lat{sequence}a", trajectories=batch[:-1]),
-                                timeout=10)
+        first = report_request(f"lat{sequence}a", batch[:-1], form)
+        last = report_request(f"lat{sequence}b", batch[-1:], form)
+        send(first, timeout=10)
         started = time.perf_counter()
-        stub.ReportTrajectories(pb.ReportTrajectoriesRequest(request_id=f"lat{sequence}b", trajectories=batch[-1:]),
-                                timeout=10)
+        send(last, timeout=10)
         with arrived:
             arrived.wait_for(lambda s=sequence: s in arrivals, timeout=10)
-        latencies.append((arrivals[sequence] - started) * 1000)
+        if sequence > 1:  # the first round warms up
+            latencies.append((arrivals[sequence] - started) * 1000)
         if sequence % num_minibatches == 0:  # the train batch is complete: the trainer moves to the next version
             client.advance_version(train_batch_index=sequence // num_minibatches - 1,
                                    new_version=sequence // num_minibatches)
     channel.close()
     values = np.array(latencies)
-    return {"rounds": rounds, "minibatch": minibatch, "p50_ms": round(float(np.percentile(values, 50)), 3),
-            "p99_ms": round(float(np.percentile(values, 99)), 3), "max_ms": round(float(values.max()), 3)}
+    return {"form": form, "rounds": rounds, "minibatch": minibatch,
+            "p50_ms": round(float(np.percentile(values, 50)), 3), "p99_ms": round(float(np.percentile(values, 99)), 3),
+            "max_ms": round(float(values.max()), 3)}
 
 
 def run_mode(state_label: str, state: str, args: argparse.Namespace, workdir: Path) -> dict:
     result: dict = {"state": state_label}
     ingest = []
-    for clients in (1, 4):
-        config = write_config(workdir / f"ingest-{state_label}-{clients}.yaml", state, train_batch_size=1 << 20,
+    for form in FORMS:
+        for clients in (1, 4):
+            config = write_config(workdir / f"ingest-{state_label}-{clients}.yaml", state, train_batch_size=1 << 20,
+                                  num_minibatches=4)
+            service = Service(config, workdir)
+            try:
+                ingest.append(measure_ingest(service.address, clients, args.rpcs // clients,
+                                             f"{state_label}{form}{clients}-", form))
+            finally:
+                service.stop()
+            if state.startswith("redis"):
+                import redis
+
+                redis.Redis.from_url(state).flushall()
+            print(f"  {state_label}: ingest of {form} with {clients} client(s): "
+                  f"{ingest[-1]['reports_per_second']} reports/s", file=sys.stderr)
+    result["ingest"] = ingest
+    latency = []
+    for form in FORMS:
+        config = write_config(workdir / f"latency-{state_label}.yaml", state, train_batch_size=args.minibatch * 4,
                               num_minibatches=4)
         service = Service(config, workdir)
         try:
-            ingest.append(measure_ingest(service.address, clients, args.rpcs // clients, f"{state_label}{clients}-"))
+            latency.append(measure_latency(service.address, args.rounds, args.minibatch, 4, form))
         finally:
             service.stop()
         if state.startswith("redis"):
             import redis
 
             redis.Redis.from_url(state).flushall()
-        print(f"  {state_label}: ingest with {clients} client(s): {ingest[-1]['reports_per_second']} reports/s",
-              file=sys.stderr)
-    result["ingest"] = ingest
-    config = write_config(workdir / f"latency-{state_label}.yaml", state, train_batch_size=args.minibatch * 4,
-                          num_minibatches=4)
-    service = Service(config, workdir)
-    try:
-        result["report_to_assignment"] = measure_latency(service.address, args.rounds, args.minibatch, 4)
-    finally:
-        service.stop()
-    print(f"  {state_label}: report-to-assignment p99 {result['report_to_assignment']['p99_ms']} ms", file=sys.stderr)
+        print(f"  {state_label}: report-to-assignment ({form}) p50 {latency[-1]['p50_ms']} ms, "
+              f"p99 {latency[-1]['p99_ms']} ms", file=sys.stderr)
+    result["report_to_assignment"] = latency
     return result
 
 

@@ -12,8 +12,10 @@ from knittrans.admission.service.app import start_admission_service
 from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
 from knittrans.client.connection import ConnectionSettings
 from knittrans.errors import FailedPrecondition, InvalidArgument, Unauthenticated
+from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
+from knittrans.v1 import admission_service_pb2_grpc
 from knittrans.wire import trajectory_to_proto
 
 from .builders import make_meta, service_settings
@@ -55,16 +57,38 @@ async def test_reports_admit_and_every_consumer_gets_its_part(service) -> None:
     await run(scenario)
 
 
-async def test_reports_are_idempotent_and_conflicts_are_named(service) -> None:
+@pytest.mark.parametrize(("first", "again"), [(True, True), (False, True), (True, False)])
+async def test_reports_are_idempotent_and_conflicts_are_named(service, first: bool, again: bool) -> None:
+    """Either form (columns or messages) of a re-send is a duplicate of either form of the first report."""
     def scenario() -> None:
         with AdmissionClient(service.address) as client:
-            meta = make_meta(1)
-            assert client.report([meta])[0].outcome is ReportOutcome.ACCEPTED
-            assert client.report([meta])[0].outcome is ReportOutcome.DUPLICATE
-            changed = make_meta(1, tokens=120)
-            conflict = client.report([changed])[0]
-            assert conflict.outcome is ReportOutcome.CONFLICT and "different" in conflict.reason
-            assert client.status().pool_size == 1
+            meta, other = make_meta(1, images=1), make_meta(3)
+            assert [r.outcome for r in client.report([meta, other], columnar=first)] == [ReportOutcome.ACCEPTED] * 2
+            assert client.report([meta], columnar=again)[0].outcome is ReportOutcome.DUPLICATE
+            changed = make_meta(1, tokens=120, images=1)
+            results = client.report([make_meta(2), changed, other], columnar=again)
+            assert [r.outcome for r in results] == [
+                ReportOutcome.ACCEPTED, ReportOutcome.CONFLICT, ReportOutcome.DUPLICATE]
+            assert "different" in results[1].reason and not results[2].reason
+            assert client.status().pool_size == 3
+
+    await run(scenario)
+
+
+async def test_a_columnar_report_answers_with_outcomes_and_conflicts(service) -> None:
+    """What a plain gRPC user who sends a TrajectoryBatch gets back."""
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(0)], columnar=False)
+            stub = admission_service_pb2_grpc.AdmissionServiceStub(client._channel)
+            batch = batch_from_messages([trajectory_to_proto(m) for m in (make_meta(0), make_meta(1, tokens=50))])
+            response = stub.ReportTrajectories(pb.ReportTrajectoriesRequest(request_id="b", batch=batch), timeout=10)
+            assert list(response.outcomes) == [pb.REPORT_OUTCOME_DUPLICATE, pb.REPORT_OUTCOME_ACCEPTED]
+            assert not response.results and not response.conflicts
+            batch.finished_at[0] = 99.0
+            response = stub.ReportTrajectories(pb.ReportTrajectoriesRequest(request_id="c", batch=batch), timeout=10)
+            assert list(response.outcomes) == [pb.REPORT_OUTCOME_CONFLICT, pb.REPORT_OUTCOME_DUPLICATE]
+            assert [c.trajectory_id for c in response.conflicts] == ["t0"]
 
     await run(scenario)
 
@@ -95,11 +119,12 @@ def _bad_report(kind: str) -> pb.ReportTrajectoriesRequest:
         ("header", "trajectories[1].units[0].header.byte_length"),
     ],
 )
-async def test_bad_reports_are_rejected_whole_naming_the_field(service, kind: str, field: str) -> None:
+@pytest.mark.parametrize("columnar", [True, False])
+async def test_bad_reports_are_rejected_whole_naming_the_field(service, kind: str, field: str, columnar: bool) -> None:
     def scenario() -> None:
         with AdmissionClient(service.address) as client:
             with pytest.raises(InvalidArgument) as info:
-                client.report(list(_bad_report(kind).trajectories))
+                client.report(list(_bad_report(kind).trajectories), columnar=columnar)
             assert info.value.field == field
             status = client.status()
             assert status.pool_size == 0 and status.admitted_total == 0  # nothing of the batch was applied

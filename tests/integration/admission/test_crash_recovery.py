@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 import yaml
 
 from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
 from knittrans.client.connection import ConnectionSettings, open_channel
+from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
@@ -109,7 +111,10 @@ def test_restart_recovers_reports_admissions_versions_and_stream_positions(tmp_p
         service.kill()
 
 
-def test_kill_9_mid_report_and_mid_admission_loses_and_duplicates_nothing(tmp_path: Path, redis_server) -> None:
+@pytest.mark.parametrize("form", ["messages", "batch"])
+def test_kill_9_mid_report_and_mid_admission_loses_and_duplicates_nothing(
+    tmp_path: Path, redis_server, form: str
+) -> None:
     # Mini-batches of two: nearly every report of two trajectories completes one, so kills land mid-admission.
     config = write_config(tmp_path / "admission.yaml", redis_server.url, train_batch_size=2000, num_minibatches=1000)
     rng = random.Random(7)
@@ -125,11 +130,15 @@ def test_kill_9_mid_report_and_mid_admission_loses_and_duplicates_nothing(tmp_pa
             # Reports of two trajectories at a time: most of them complete a mini-batch (an admission).
             while True:
                 batch = [make_meta(next_index + k, source="AB"[k % 2]) for k in range(2)]
-                request = pb.ReportTrajectoriesRequest(
-                    request_id=f"r{next_index}", trajectories=[trajectory_to_proto(m) for m in batch]
-                )
+                messages = [trajectory_to_proto(m) for m in batch]
+                request = pb.ReportTrajectoriesRequest(request_id=f"r{next_index}")
+                if form == "messages":
+                    request.trajectories.extend(messages)
+                else:
+                    request.batch.CopyFrom(batch_from_messages(messages))
                 results = stub.ReportTrajectories(request, timeout=5)  # one attempt: the kill must interrupt it
-                acknowledged.update(r.trajectory_id for r in results.results)
+                acknowledged.update(r.trajectory_id for r in results.results)  # a report of messages
+                acknowledged.update(request.batch.trajectory_ids[: len(results.outcomes)])  # a columnar one
                 next_index += 2
         except grpc.RpcError:  # the kill interrupted the report in flight; it may or may not be journaled
             next_index += 2
@@ -140,7 +149,8 @@ def test_kill_9_mid_report_and_mid_admission_loses_and_duplicates_nothing(tmp_pa
     try:
         with AdmissionClient(service.address) as client:
             sent = [make_meta(i, source="AB"[i % 2]) for i in range(next_index)]
-            outcomes = {r.trajectory_id: r.outcome for r in client.report(sent)}
+            # Re-sent in the other form: a duplicate is a duplicate whichever form either report came in.
+            outcomes = {r.trajectory_id: r.outcome for r in client.report(sent, columnar=form == "messages")}
             # Every acknowledged trajectory survived every kill.
             assert all(outcomes[t] is ReportOutcome.DUPLICATE for t in acknowledged)
             ids = admitted_ids(client)

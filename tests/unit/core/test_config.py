@@ -5,6 +5,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import pytest
+
 from knittrans.config import load_config
 from knittrans.errors import ConfigError, InvalidArgument
 

@@ -5,6 +5,7 @@ import hashlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from knittrans.errors import InvalidArgument
 from knittrans.types import (
     BackboneTopology,

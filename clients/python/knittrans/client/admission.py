@@ -16,7 +16,9 @@ from enum import StrEnum
 import grpc
 
 from knittrans.client.connection import ConnectionSettings, call, call_with_retry, error_from_rpc, open_channel
+from knittrans.errors import InvalidArgument
 from knittrans.plan import ConsumerAssignment
+from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
 from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, trajectory_pb2
@@ -135,15 +137,38 @@ class AdmissionClient:
         *,
         request_id: str | None = None,
         deadline: timedelta | None = None,
+        columnar: bool = True,
     ) -> list[ReportResult]:
-        messages = [
-            t if isinstance(t, trajectory_pb2.TrajectoryMetadata) else trajectory_to_proto(t) for t in trajectories
-        ]
-        request = pb.ReportTrajectoriesRequest(request_id=request_id or new_request_id(), trajectories=messages)
+        """Report trajectories; one result per trajectory, in order. They travel as one columnar
+        ``TrajectoryBatch`` (the service checks and stores those several times faster than a list of messages),
+        unless ``columnar`` is false or a message has no columnar form (a unit without a header, which the
+        service rejects either way)."""
+        request = pb.ReportTrajectoriesRequest(request_id=request_id or new_request_id())
+        if columnar and all(isinstance(t, TrajectoryMeta) for t in trajectories):
+            request.batch.CopyFrom(batch_from_metas(trajectories))
+        else:
+            messages = [
+                t if isinstance(t, trajectory_pb2.TrajectoryMetadata) else trajectory_to_proto(t) for t in trajectories
+            ]
+            try:
+                batch = batch_from_messages(messages) if columnar else None
+            except InvalidArgument:
+                batch = None
+            if batch is None:
+                request.trajectories.extend(messages)
+            else:
+                request.batch.CopyFrom(batch)
         response = self._idempotent(self._stub.ReportTrajectories, request, deadline)
+        if not request.HasField("batch"):
+            return [
+                ReportResult(trajectory_id=TrajectoryId(r.trajectory_id), outcome=_OUTCOMES[r.outcome], reason=r.reason)
+                for r in response.results
+            ]
+        reasons = {r.trajectory_id: r.reason for r in response.conflicts}
         return [
-            ReportResult(trajectory_id=TrajectoryId(r.trajectory_id), outcome=_OUTCOMES[r.outcome], reason=r.reason)
-            for r in response.results
+            ReportResult(trajectory_id=TrajectoryId(trajectory_id), outcome=_OUTCOMES[outcome],
+                         reason=reasons.get(trajectory_id, "") if outcome == pb.REPORT_OUTCOME_CONFLICT else "")
+            for trajectory_id, outcome in zip(request.batch.trajectory_ids, response.outcomes, strict=True)
         ]
 
     def report_scheduled(

@@ -12,8 +12,10 @@ lost their last reference, and the owner deletes them from the store in batches 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
 
 from knittrans.errors import Conflict, InvalidArgument
 from knittrans.types import SampleId, TrajectoryId, TrajectoryMeta, UnitKey, check_id
@@ -56,14 +58,33 @@ class IndexEntry:
         return self.unit_keys + self.multimodal_keys
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class CheckedEntries:
+    """Trajectories :meth:`UnitIndex.check_many` found fit to add (the new ones only), for
+    :meth:`UnitIndex.add_checked`. ``in_bulk`` tells whether the set checks settled it (else it took the
+    entry-by-entry check)."""
+
+    trajectory_ids: Sequence[TrajectoryId]
+    sample_ids: Sequence[SampleId]
+    unit_keys: Sequence[tuple[UnitKey, ...]]
+    multimodal_keys: Sequence[tuple[UnitKey, ...]]
+    flat_units: list[UnitKey]
+    flat_media: list[UnitKey]
+    sample_of: dict[UnitKey, SampleId]
+    in_bulk: bool
+    generation: int
+
+
 class UnitIndex:
     """Mutable, deterministic and free of I/O; its owner serialises access and journals the changes."""
 
     def __init__(self, entries: Iterable[IndexEntry] = ()) -> None:
-        self._entries: dict[TrajectoryId, IndexEntry] = {}
+        # Trajectory -> (sample, unit keys, multimodal keys): the fields of its IndexEntry, built on request.
+        self._entries: dict[TrajectoryId, tuple[SampleId, tuple[UnitKey, ...], tuple[UnitKey, ...]]] = {}
         self._by_sample: dict[SampleId, dict[TrajectoryId, None]] = {}
-        self._refcounts: dict[UnitKey, int] = {}
+        self._refcounts: dict[UnitKey, int] = {}  # of multimodal keys; a trajectory's own unit counts 1
         self._key_owner: dict[UnitKey, SampleId | TrajectoryId] = {}
+        self._generation = 0  # counts changes, so checked entries know whether they are still checked
         for entry in entries:
             self.add(entry)
 
@@ -74,9 +95,10 @@ class UnitIndex:
         :class:`InvalidArgument` when a key is already owned elsewhere (another trajectory's unit, or a
         multimodal unit of another sample).
         """
+        fields = (entry.sample_id, entry.unit_keys, entry.multimodal_keys)
         existing = self._entries.get(entry.trajectory_id)
         if existing is not None:
-            if existing != entry:
+            if existing != fields:
                 raise Conflict("already indexed with different keys", field=entry.trajectory_id)
             return False
         for key in entry.unit_keys:
@@ -86,15 +108,132 @@ class UnitIndex:
             owner = self._key_owner.get(key)
             if owner is not None and owner != entry.sample_id:
                 raise InvalidArgument(f"belongs to {owner!r}, not to sample {entry.sample_id!r}", field=key)
-        self._entries[entry.trajectory_id] = entry
+        self._generation += 1
+        self._entries[entry.trajectory_id] = fields
         self._by_sample.setdefault(entry.sample_id, {})[entry.trajectory_id] = None
         for key in entry.unit_keys:
             self._key_owner[key] = entry.trajectory_id
-            self._refcounts[key] = 1
         for key in entry.multimodal_keys:
             self._key_owner[key] = entry.sample_id
             self._refcounts[key] = self._refcounts.get(key, 0) + 1
         return True
+
+    def add_many(
+        self,
+        trajectory_ids: Sequence[TrajectoryId],
+        sample_ids: Sequence[SampleId],
+        unit_keys: Sequence[tuple[UnitKey, ...]],
+        multimodal_keys: Sequence[tuple[UnitKey, ...]],
+    ) -> int:
+        """Index many trajectories given as columns (trajectory ``i`` is element ``i`` of each): the same as
+        :meth:`add` of their entries, in order, but all or nothing (every one is checked before any is added).
+        Returns how many were new.
+
+        The values must be what :class:`IndexEntry` accepts (valid ids, distinct unit keys, multimodal keys
+        distinct and not among the trajectory's unit keys): they are not checked again here, because the caller
+        (the admission service) validated them already, thousands of reports a second. Ownership is checked, a
+        set operation at a time unless a rule breaks, then the trajectories are added a column at a time."""
+        return self.add_checked(self.check_many(trajectory_ids, sample_ids, unit_keys, multimodal_keys))
+
+    def check_many(
+        self,
+        trajectory_ids: Sequence[TrajectoryId],
+        sample_ids: Sequence[SampleId],
+        unit_keys: Sequence[tuple[UnitKey, ...]],
+        multimodal_keys: Sequence[tuple[UnitKey, ...]],
+    ) -> CheckedEntries:
+        """The checks of :meth:`add_many`, changing nothing: raises what it would raise, else returns the entries
+        ready for :meth:`add_checked` (a caller that must validate before it commits checks only once)."""
+        count = len(trajectory_ids)
+        if count and not (len(sample_ids) == len(unit_keys) == len(multimodal_keys) == count):
+            raise InvalidArgument("needs one value per trajectory in every column", field="trajectory_ids")
+        known = not self._entries.keys().isdisjoint(trajectory_ids) or len(set(trajectory_ids)) != count
+        if known:  # some are indexed already (or twice here): settle entry by entry, in order
+            fresh = self._check_sequentially(trajectory_ids, sample_ids, unit_keys, multimodal_keys)
+            trajectory_ids = [trajectory_ids[i] for i in fresh]
+            sample_ids = [sample_ids[i] for i in fresh]
+            unit_keys = [unit_keys[i] for i in fresh]
+            multimodal_keys = [multimodal_keys[i] for i in fresh]
+        flat_units = list(chain.from_iterable(unit_keys))
+        flat_media = list(chain.from_iterable(multimodal_keys))
+        media_samples = list(chain.from_iterable(map(repeat, sample_ids, map(len, multimodal_keys))))
+        unit_set = set(flat_units)
+        sample_of = dict(zip(flat_media, media_samples, strict=True))
+        owner = self._key_owner
+        in_bulk = not known and (
+            len(unit_set) == len(flat_units)
+            and owner.keys().isdisjoint(unit_set)
+            and unit_set.isdisjoint(sample_of)
+            and list(map(sample_of.__getitem__, flat_media)) == media_samples
+            and all(o is None or o == s for o, s in zip(map(owner.get, sample_of), sample_of.values(), strict=True))
+        )
+        if not in_bulk and not known:
+            self._check_sequentially(trajectory_ids, sample_ids, unit_keys, multimodal_keys)
+        return CheckedEntries(
+            trajectory_ids=trajectory_ids, sample_ids=sample_ids, unit_keys=unit_keys,
+            multimodal_keys=multimodal_keys, flat_units=flat_units, flat_media=flat_media, sample_of=sample_of,
+            in_bulk=in_bulk, generation=self._generation,
+        )
+
+    def add_checked(self, checked: CheckedEntries) -> int:
+        """Add entries :meth:`check_many` returned. Should the index have changed since, they are checked again."""
+        if checked.generation != self._generation:
+            checked = self.check_many(checked.trajectory_ids, checked.sample_ids, checked.unit_keys,
+                                      checked.multimodal_keys)
+        self._generation += 1
+        trajectory_ids, sample_ids, unit_keys = checked.trajectory_ids, checked.sample_ids, checked.unit_keys
+        self._entries.update(zip(trajectory_ids, zip(sample_ids, unit_keys, checked.multimodal_keys, strict=True),
+                                 strict=True))
+        by_sample = self._by_sample
+        for trajectory_id, sample_id in zip(trajectory_ids, sample_ids, strict=True):
+            siblings = by_sample.get(sample_id)
+            if siblings is None:
+                by_sample[sample_id] = {trajectory_id: None}
+            else:
+                siblings[trajectory_id] = None
+        owner = self._key_owner
+        owners = chain.from_iterable(map(repeat, trajectory_ids, map(len, unit_keys)))
+        owner.update(zip(checked.flat_units, owners, strict=True))
+        owner.update(checked.sample_of)
+        refcounts = self._refcounts
+        for key, uses in Counter(checked.flat_media).items():
+            refcounts[key] = refcounts.get(key, 0) + uses
+        return len(trajectory_ids)
+
+    def _check_sequentially(
+        self,
+        trajectory_ids: Sequence[TrajectoryId],
+        sample_ids: Sequence[SampleId],
+        unit_keys: Sequence[tuple[UnitKey, ...]],
+        multimodal_keys: Sequence[tuple[UnitKey, ...]],
+    ) -> list[int]:
+        """Raise the error :meth:`add` would raise first, adding the entries one by one (nothing is changed);
+        else return which entries are new (an identical one already indexed is skipped)."""
+        claimed: dict[UnitKey, SampleId | TrajectoryId] = {}
+        added: dict[TrajectoryId, tuple] = {}
+        fresh: list[int] = []
+        for i, (trajectory_id, sample_id, units, media) in enumerate(
+            zip(trajectory_ids, sample_ids, unit_keys, multimodal_keys, strict=True)
+        ):
+            fields = (sample_id, units, media)
+            existing = self._entries.get(trajectory_id) or added.get(trajectory_id)
+            if existing is not None:
+                if existing != fields:
+                    raise Conflict("already indexed with different keys", field=trajectory_id)
+                continue
+            for key in units:
+                owner = self._key_owner.get(key) or claimed.get(key)
+                if owner is not None:
+                    raise InvalidArgument(f"already referenced by {owner!r}", field=key)
+            for key in media:
+                owner = self._key_owner.get(key) or claimed.get(key)
+                if owner is not None and owner != sample_id:
+                    raise InvalidArgument(f"belongs to {owner!r}, not to sample {sample_id!r}", field=key)
+            claimed.update(dict.fromkeys(units, trajectory_id))
+            claimed.update(dict.fromkeys(media, sample_id))
+            added[trajectory_id] = fields
+            fresh.append(i)
+        return fresh
 
     def release(self, trajectory_ids: Iterable[TrajectoryId]) -> tuple[UnitKey, ...]:
         """Drop trajectories; returns the keys that lost their last reference, to delete from the store.
@@ -102,15 +241,20 @@ class UnitIndex:
         Unknown (or already released) trajectories are skipped, so a replayed release is harmless.
         """
         freed: list[UnitKey] = []
+        self._generation += 1
         for trajectory_id in trajectory_ids:
-            entry = self._entries.pop(trajectory_id, None)
-            if entry is None:
+            fields = self._entries.pop(trajectory_id, None)
+            if fields is None:
                 continue
-            siblings = self._by_sample[entry.sample_id]
+            sample_id, units, media = fields
+            siblings = self._by_sample[sample_id]
             del siblings[trajectory_id]
             if not siblings:
-                del self._by_sample[entry.sample_id]
-            for key in entry.keys:
+                del self._by_sample[sample_id]
+            for key in units:
+                del self._key_owner[key]
+                freed.append(key)
+            for key in media:
                 remaining = self._refcounts[key] - 1
                 if remaining:
                     self._refcounts[key] = remaining
@@ -122,9 +266,10 @@ class UnitIndex:
 
     def entry(self, trajectory_id: TrajectoryId) -> IndexEntry:
         try:
-            return self._entries[trajectory_id]
+            sample_id, units, media = self._entries[trajectory_id]
         except KeyError:
             raise InvalidArgument("not indexed", field=trajectory_id) from None
+        return IndexEntry(trajectory_id=trajectory_id, sample_id=sample_id, unit_keys=units, multimodal_keys=media)
 
     def trajectories(self, sample_id: SampleId) -> tuple[TrajectoryId, ...]:
         return tuple(self._by_sample.get(sample_id, ()))
@@ -136,15 +281,23 @@ class UnitIndex:
         """The trajectory that owns a unit, or the sample that owns a multimodal unit; None if unknown."""
         return self._key_owner.get(key)
 
+    def owners(self, keys: Iterable[UnitKey]) -> list[SampleId | TrajectoryId | None]:
+        """:meth:`owner` of each key, in one call."""
+        return list(map(self._key_owner.get, keys))
+
+    def any_owned(self, keys: Iterable[UnitKey]) -> bool:
+        """Whether any of these keys is referenced already."""
+        return not self._key_owner.keys().isdisjoint(keys)
+
     def refcount(self, key: UnitKey) -> int:
-        return self._refcounts.get(key, 0)
+        return self._refcounts.get(key, 1 if key in self._key_owner else 0)
 
     def live_keys(self) -> frozenset[UnitKey]:
-        return frozenset(self._refcounts)
+        return frozenset(self._key_owner)
 
     def entries(self) -> tuple[IndexEntry, ...]:
         """Every entry in insertion order; ``UnitIndex(index.entries())`` rebuilds the same index."""
-        return tuple(self._entries.values())
+        return tuple(self.entry(trajectory_id) for trajectory_id in self._entries)
 
     def __contains__(self, trajectory_id: object) -> bool:
         return trajectory_id in self._entries

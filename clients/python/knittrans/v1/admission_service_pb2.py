@@ -28,49 +28,49 @@ from knittrans.v1 import topology_pb2 as knittrans_dot_v1_dot_topology__pb2
 from knittrans.v1 import trajectory_pb2 as knittrans_dot_v1_dot_trajectory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$knittrans/v1/admission_service.proto\x12\x0cknittrans.v1\x1a\x1cknittrans/v1/admission.proto\x1a\x17knittrans/v1/plan.proto\x1a\x1bknittrans/v1/topology.proto\x1a\x1dknittrans/v1/trajectory.proto\"g\n\x19ReportTrajectoriesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x36\n\x0ctrajectories\x18\x02 \x03(\x0b\x32 .knittrans.v1.TrajectoryMetadata\"m\n\x16TrajectoryReportResult\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12,\n\x07outcome\x18\x02 \x01(\x0e\x32\x1b.knittrans.v1.ReportOutcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\"S\n\x1aReportTrajectoriesResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.knittrans.v1.TrajectoryReportResult\"Q\n\x16ReportScheduledRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0crollout_step\x18\x02 \x01(\x04\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"2\n\x17ReportScheduledResponse\x12\x17\n\x0ftotal_scheduled\x18\x01 \x01(\x04\"Y\n\x17RegisterConsumerRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08\x63onsumer\x18\x02 \x01(\x0b\x32\x18.knittrans.v1.ConsumerId\"p\n\x18RegisterConsumerResponse\x12(\n\x08topology\x18\x01 \x01(\x0b\x32\x16.knittrans.v1.Topology\x12\x1d\n\x15\x61\x63knowledged_sequence\x18\x02 \x01(\x04\x12\x0b\n\x03job\x18\x03 \x01(\t\"]\n\x17WatchAssignmentsRequest\x12*\n\x08\x63onsumer\x18\x01 \x01(\x0b\x32\x18.knittrans.v1.ConsumerId\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x04\"\xb3\x01\n\x18WatchAssignmentsResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x33\n\tadmission\x18\x02 \x01(\x0b\x32 .knittrans.v1.MiniBatchAdmission\x12\x1a\n\x12global_loss_tokens\x18\x03 \x01(\x04\x12\x34\n\nassignment\x18\x04 \x01(\x0b\x32 .knittrans.v1.ConsumerAssignment\"\x95\x01\n\x15ReportProgressRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08\x63onsumer\x18\x02 \x01(\x0b\x32\x18.knittrans.v1.ConsumerId\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12*\n\x05stage\x18\x04 \x01(\x0e\x32\x1b.knittrans.v1.ProgressStage\"*\n\x16ReportProgressResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"[\n\x15\x41\x64vanceVersionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11train_batch_index\x18\x02 \x01(\x04\x12\x13\n\x0bnew_version\x18\x03 \x01(\x04\")\n\x16\x41\x64vanceVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x12\n\x10GetStatusRequest\"l\n\x0cSourceStatus\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\x03 \x01(\x04\x12\r\n\x05quota\x18\x04 \x01(\x04\x12\x0e\n\x06target\x18\x05 \x01(\x01\x12\r\n\x05slack\x18\x06 \x01(\x03\"\xee\x02\n\x11GetStatusResponse\x12+\n\x07sources\x18\x01 \x03(\x0b\x32\x1a.knittrans.v1.SourceStatus\x12\x19\n\x11train_batch_index\x18\x02 \x01(\x04\x12\x17\n\x0fminibatch_index\x18\x03 \x01(\r\x12\x17\n\x0fnum_minibatches\x18\x04 \x01(\r\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x35\n\x0f\x62locking_reason\x18\x06 \x01(\x0e\x32\x1c.knittrans.v1.BlockingReason\x12\x17\n\x0f\x62locking_detail\x18\x07 \x01(\t\x12\x17\n\x0f\x62locked_seconds\x18\x08 \x01(\x01\x12\x11\n\tpool_size\x18\t \x01(\x04\x12\x16\n\x0e\x61\x64mitted_total\x18\n \x01(\x04\x12\x15\n\rdropped_stale\x18\x0b \x01(\x04\x12\x1c\n\x14released_minibatches\x18\x0c \x01(\x04*\x87\x01\n\rReportOutcome\x12\x1e\n\x1aREPORT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17REPORT_OUTCOME_ACCEPTED\x10\x01\x12\x1c\n\x18REPORT_OUTCOME_DUPLICATE\x10\x02\x12\x1b\n\x17REPORT_OUTCOME_CONFLICT\x10\x03*p\n\rProgressStage\x12\x1e\n\x1aPROGRESS_STAGE_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROGRESS_STAGE_DELIVERED\x10\x01\x12!\n\x1dPROGRESS_STAGE_OPTIMIZER_STEP\x10\x02\x32\xab\x05\n\x10\x41\x64missionService\x12g\n\x12ReportTrajectories\x12\'.knittrans.v1.ReportTrajectoriesRequest\x1a(.knittrans.v1.ReportTrajectoriesResponse\x12^\n\x0fReportScheduled\x12$.knittrans.v1.ReportScheduledRequest\x1a%.knittrans.v1.ReportScheduledResponse\x12\x61\n\x10RegisterConsumer\x12%.knittrans.v1.RegisterConsumerRequest\x1a&.knittrans.v1.RegisterConsumerResponse\x12\x63\n\x10WatchAssignments\x12%.knittrans.v1.WatchAssignmentsRequest\x1a&.knittrans.v1.WatchAssignmentsResponse0\x01\x12[\n\x0eReportProgress\x12#.knittrans.v1.ReportProgressRequest\x1a$.knittrans.v1.ReportProgressResponse\x12[\n\x0e\x41\x64vanceVersion\x12#.knittrans.v1.AdvanceVersionRequest\x1a$.knittrans.v1.AdvanceVersionResponse\x12L\n\tGetStatus\x12\x1e.knittrans.v1.GetStatusRequest\x1a\x1f.knittrans.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$knittrans/v1/admission_service.proto\x12\x0cknittrans.v1\x1a\x1cknittrans/v1/admission.proto\x1a\x17knittrans/v1/plan.proto\x1a\x1bknittrans/v1/topology.proto\x1a\x1dknittrans/v1/trajectory.proto\"\x95\x01\n\x19ReportTrajectoriesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x36\n\x0ctrajectories\x18\x02 \x03(\x0b\x32 .knittrans.v1.TrajectoryMetadata\x12,\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x1d.knittrans.v1.TrajectoryBatch\"m\n\x16TrajectoryReportResult\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12,\n\x07outcome\x18\x02 \x01(\x0e\x32\x1b.knittrans.v1.ReportOutcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xbb\x01\n\x1aReportTrajectoriesResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.knittrans.v1.TrajectoryReportResult\x12-\n\x08outcomes\x18\x02 \x03(\x0e\x32\x1b.knittrans.v1.ReportOutcome\x12\x37\n\tconflicts\x18\x03 \x03(\x0b\x32$.knittrans.v1.TrajectoryReportResult\"Q\n\x16ReportScheduledRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0crollout_step\x18\x02 \x01(\x04\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"2\n\x17ReportScheduledResponse\x12\x17\n\x0ftotal_scheduled\x18\x01 \x01(\x04\"Y\n\x17RegisterConsumerRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08\x63onsumer\x18\x02 \x01(\x0b\x32\x18.knittrans.v1.ConsumerId\"p\n\x18RegisterConsumerResponse\x12(\n\x08topology\x18\x01 \x01(\x0b\x32\x16.knittrans.v1.Topology\x12\x1d\n\x15\x61\x63knowledged_sequence\x18\x02 \x01(\x04\x12\x0b\n\x03job\x18\x03 \x01(\t\"]\n\x17WatchAssignmentsRequest\x12*\n\x08\x63onsumer\x18\x01 \x01(\x0b\x32\x18.knittrans.v1.ConsumerId\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x04\"\xb3\x01\n\x18WatchAssignmentsResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x33\n\tadmission\x18\x02 \x01(\x0b\x32 .knittrans.v1.MiniBatchAdmission\x12\x1a\n\x12global_loss_tokens\x18\x03 \x01(\x04\x12\x34\n\nassignment\x18\x04 \x01(\x0b\x32 .knittrans.v1.ConsumerAssignment\"\x95\x01\n\x15ReportProgressRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08\x63onsumer\x18\x02 \x01(\x0b\x32\x18.knittrans.v1.ConsumerId\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12*\n\x05stage\x18\x04 \x01(\x0e\x32\x1b.knittrans.v1.ProgressStage\"*\n\x16ReportProgressResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"[\n\x15\x41\x64vanceVersionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11train_batch_index\x18\x02 \x01(\x04\x12\x13\n\x0bnew_version\x18\x03 \x01(\x04\")\n\x16\x41\x64vanceVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\"\x12\n\x10GetStatusRequest\"l\n\x0cSourceStatus\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\x03 \x01(\x04\x12\r\n\x05quota\x18\x04 \x01(\x04\x12\x0e\n\x06target\x18\x05 \x01(\x01\x12\r\n\x05slack\x18\x06 \x01(\x03\"\xee\x02\n\x11GetStatusResponse\x12+\n\x07sources\x18\x01 \x03(\x0b\x32\x1a.knittrans.v1.SourceStatus\x12\x19\n\x11train_batch_index\x18\x02 \x01(\x04\x12\x17\n\x0fminibatch_index\x18\x03 \x01(\r\x12\x17\n\x0fnum_minibatches\x18\x04 \x01(\r\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x35\n\x0f\x62locking_reason\x18\x06 \x01(\x0e\x32\x1c.knittrans.v1.BlockingReason\x12\x17\n\x0f\x62locking_detail\x18\x07 \x01(\t\x12\x17\n\x0f\x62locked_seconds\x18\x08 \x01(\x01\x12\x11\n\tpool_size\x18\t \x01(\x04\x12\x16\n\x0e\x61\x64mitted_total\x18\n \x01(\x04\x12\x15\n\rdropped_stale\x18\x0b \x01(\x04\x12\x1c\n\x14released_minibatches\x18\x0c \x01(\x04*\x87\x01\n\rReportOutcome\x12\x1e\n\x1aREPORT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17REPORT_OUTCOME_ACCEPTED\x10\x01\x12\x1c\n\x18REPORT_OUTCOME_DUPLICATE\x10\x02\x12\x1b\n\x17REPORT_OUTCOME_CONFLICT\x10\x03*p\n\rProgressStage\x12\x1e\n\x1aPROGRESS_STAGE_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROGRESS_STAGE_DELIVERED\x10\x01\x12!\n\x1dPROGRESS_STAGE_OPTIMIZER_STEP\x10\x02\x32\xab\x05\n\x10\x41\x64missionService\x12g\n\x12ReportTrajectories\x12\'.knittrans.v1.ReportTrajectoriesRequest\x1a(.knittrans.v1.ReportTrajectoriesResponse\x12^\n\x0fReportScheduled\x12$.knittrans.v1.ReportScheduledRequest\x1a%.knittrans.v1.ReportScheduledResponse\x12\x61\n\x10RegisterConsumer\x12%.knittrans.v1.RegisterConsumerRequest\x1a&.knittrans.v1.RegisterConsumerResponse\x12\x63\n\x10WatchAssignments\x12%.knittrans.v1.WatchAssignmentsRequest\x1a&.knittrans.v1.WatchAssignmentsResponse0\x01\x12[\n\x0eReportProgress\x12#.knittrans.v1.ReportProgressRequest\x1a$.knittrans.v1.ReportProgressResponse\x12[\n\x0e\x41\x64vanceVersion\x12#.knittrans.v1.AdvanceVersionRequest\x1a$.knittrans.v1.AdvanceVersionResponse\x12L\n\tGetStatus\x12\x1e.knittrans.v1.GetStatusRequest\x1a\x1f.knittrans.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'knittrans.v1.admission_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPORTOUTCOME']._serialized_start=1919
-  _globals['_REPORTOUTCOME']._serialized_end=2054
-  _globals['_PROGRESSSTAGE']._serialized_start=2056
-  _globals['_PROGRESSSTAGE']._serialized_end=2168
-  _globals['_REPORTTRAJECTORIESREQUEST']._serialized_start=169
-  _globals['_REPORTTRAJECTORIESREQUEST']._serialized_end=272
-  _globals['_TRAJECTORYREPORTRESULT']._serialized_start=274
-  _globals['_TRAJECTORYREPORTRESULT']._serialized_end=383
-  _globals['_REPORTTRAJECTORIESRESPONSE']._serialized_start=385
-  _globals['_REPORTTRAJECTORIESRESPONSE']._serialized_end=468
-  _globals['_REPORTSCHEDULEDREQUEST']._serialized_start=470
-  _globals['_REPORTSCHEDULEDREQUEST']._serialized_end=551
-  _globals['_REPORTSCHEDULEDRESPONSE']._serialized_start=553
-  _globals['_REPORTSCHEDULEDRESPONSE']._serialized_end=603
-  _globals['_REGISTERCONSUMERREQUEST']._serialized_start=605
-  _globals['_REGISTERCONSUMERREQUEST']._serialized_end=694
-  _globals['_REGISTERCONSUMERRESPONSE']._serialized_start=696
-  _globals['_REGISTERCONSUMERRESPONSE']._serialized_end=808
-  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_start=810
-  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_end=903
-  _globals['_WATCHASSIGNMENTSRESPONSE']._serialized_start=906
-  _globals['_WATCHASSIGNMENTSRESPONSE']._serialized_end=1085
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1088
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1237
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1239
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1281
-  _globals['_ADVANCEVERSIONREQUEST']._serialized_start=1283
-  _globals['_ADVANCEVERSIONREQUEST']._serialized_end=1374
-  _globals['_ADVANCEVERSIONRESPONSE']._serialized_start=1376
-  _globals['_ADVANCEVERSIONRESPONSE']._serialized_end=1417
-  _globals['_GETSTATUSREQUEST']._serialized_start=1419
-  _globals['_GETSTATUSREQUEST']._serialized_end=1437
-  _globals['_SOURCESTATUS']._serialized_start=1439
-  _globals['_SOURCESTATUS']._serialized_end=1547
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1550
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1916
-  _globals['_ADMISSIONSERVICE']._serialized_start=2171
-  _globals['_ADMISSIONSERVICE']._serialized_end=2854
+  _globals['_REPORTOUTCOME']._serialized_start=2071
+  _globals['_REPORTOUTCOME']._serialized_end=2206
+  _globals['_PROGRESSSTAGE']._serialized_start=2208
+  _globals['_PROGRESSSTAGE']._serialized_end=2320
+  _globals['_REPORTTRAJECTORIESREQUEST']._serialized_start=170
+  _globals['_REPORTTRAJECTORIESREQUEST']._serialized_end=319
+  _globals['_TRAJECTORYREPORTRESULT']._serialized_start=321
+  _globals['_TRAJECTORYREPORTRESULT']._serialized_end=430
+  _globals['_REPORTTRAJECTORIESRESPONSE']._serialized_start=433
+  _globals['_REPORTTRAJECTORIESRESPONSE']._serialized_end=620
+  _globals['_REPORTSCHEDULEDREQUEST']._serialized_start=622
+  _globals['_REPORTSCHEDULEDREQUEST']._serialized_end=703
+  _globals['_REPORTSCHEDULEDRESPONSE']._serialized_start=705
+  _globals['_REPORTSCHEDULEDRESPONSE']._serialized_end=755
+  _globals['_REGISTERCONSUMERREQUEST']._serialized_start=757
+  _globals['_REGISTERCONSUMERREQUEST']._serialized_end=846
+  _globals['_REGISTERCONSUMERRESPONSE']._serialized_start=848
+  _globals['_REGISTERCONSUMERRESPONSE']._serialized_end=960
+  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_start=962
+  _globals['_WATCHASSIGNMENTSREQUEST']._serialized_end=1055
+  _globals['_WATCHASSIGNMENTSRESPONSE']._serialized_start=1058
+  _globals['_WATCHASSIGNMENTSRESPONSE']._serialized_end=1237
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1240
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1389
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1391
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1433
+  _globals['_ADVANCEVERSIONREQUEST']._serialized_start=1435
+  _globals['_ADVANCEVERSIONREQUEST']._serialized_end=1526
+  _globals['_ADVANCEVERSIONRESPONSE']._serialized_start=1528
+  _globals['_ADVANCEVERSIONRESPONSE']._serialized_end=1569
+  _globals['_GETSTATUSREQUEST']._serialized_start=1571
+  _globals['_GETSTATUSREQUEST']._serialized_end=1589
+  _globals['_SOURCESTATUS']._serialized_start=1591
+  _globals['_SOURCESTATUS']._serialized_end=1699
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1702
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2068
+  _globals['_ADMISSIONSERVICE']._serialized_start=2323
+  _globals['_ADMISSIONSERVICE']._serialized_end=3006
 # @@protoc_insertion_point(module_scope)

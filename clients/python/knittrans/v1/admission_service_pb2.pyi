@@ -32,12 +32,14 @@ PROGRESS_STAGE_DELIVERED: ProgressStage
 PROGRESS_STAGE_OPTIMIZER_STEP: ProgressStage
 
 class ReportTrajectoriesRequest(_message.Message):
-    __slots__ = ("request_id", "trajectories")
+    __slots__ = ("request_id", "trajectories", "batch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     trajectories: _containers.RepeatedCompositeFieldContainer[_trajectory_pb2.TrajectoryMetadata]
-    def __init__(self, request_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[_trajectory_pb2.TrajectoryMetadata, _Mapping]]] = ...) -> None: ...
+    batch: _trajectory_pb2.TrajectoryBatch
+    def __init__(self, request_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[_trajectory_pb2.TrajectoryMetadata, _Mapping]]] = ..., batch: _Optional[_Union[_trajectory_pb2.TrajectoryBatch, _Mapping]] = ...) -> None: ...
 
 class TrajectoryReportResult(_message.Message):
     __slots__ = ("trajectory_id", "outcome", "reason")
@@ -50,10 +52,14 @@ class TrajectoryReportResult(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., outcome: _Optional[_Union[ReportOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ReportTrajectoriesResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "outcomes", "conflicts")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    CONFLICTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[TrajectoryReportResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[TrajectoryReportResult, _Mapping]]] = ...) -> None: ...
+    outcomes: _containers.RepeatedScalarFieldContainer[ReportOutcome]
+    conflicts: _containers.RepeatedCompositeFieldContainer[TrajectoryReportResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TrajectoryReportResult, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[ReportOutcome, str]]] = ..., conflicts: _Optional[_Iterable[_Union[TrajectoryReportResult, _Mapping]]] = ...) -> None: ...
 
 class ReportScheduledRequest(_message.Message):
     __slots__ = ("request_id", "rollout_step", "count")

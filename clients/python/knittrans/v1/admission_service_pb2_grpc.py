@@ -79,10 +79,11 @@ class AdmissionServiceServicer:
     """
 
     def ReportTrajectories(self, request, context):
-        """Reports a batch of finished trajectories (metadata only; the bytes are already in the unit store).
+        """Reports a batch of finished trajectories (metadata only; the bytes are already in the unit store),
+        as a list of messages or as one columnar TrajectoryBatch.
         Idempotent by trajectory id: an identical re-send is DUPLICATE, a different one with the same id is
-        CONFLICT. A batch with any invalid item is rejected whole with INVALID_ARGUMENT naming
-        `trajectories[i].field`, and nothing is applied.
+        CONFLICT, whichever form either was sent in. A batch with any invalid item is rejected whole with
+        INVALID_ARGUMENT naming `trajectories[i].field` (in both forms), and nothing is applied.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -21,6 +21,8 @@ State and inputs
       token. A filtered one (``accepted=False``) is dropped by the next decision. With ``group`` units, a
       sample enters the pool once all its trajectories are reported (``group_size``, or
       ``state.expect_group(sample_id, size)``).
+    - ``state.add_many(PoolEntries(...))`` reports many at once, as columns (the same state as ``add`` for
+      each, all or nothing); a service ingesting thousands of reports a second uses it.
     - ``state.add_scheduled(rollout_step, count)`` declares scheduled trajectories for completion quotas
       (a step never counts fewer scheduled trajectories than it has completed ones).
 
@@ -37,7 +39,7 @@ Deciding
     - :class:`Drop` lists trajectory ids with a :class:`DropReason` (``stale`` or ``filtered``).
 
 Determinism and journaling
-    The state is a function of the sequence of calls on it (``add``, ``add_scheduled``, ``expect_group``,
+    The state is a function of the sequence of calls on it (``add``, ``add_many``, ``add_scheduled``, ``expect_group``,
     ``apply``). A service journals those inputs and every decision it applied, in order, and rebuilds the
     state after a crash by calling them again; ``decide`` need not be re-run, and re-running it with the
     same ``now`` and ``version`` gives the same decisions anyway. A :class:`Wait` whose reason is unchanged
@@ -70,7 +72,7 @@ from knittrans.admission.engine.config import (
 )
 from knittrans.admission.engine.decide import decide
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
-from knittrans.admission.engine.entries import PoolEntry
+from knittrans.admission.engine.entries import PoolEntries, PoolEntry
 from knittrans.admission.engine.quotas import Plan, source_quotas
 from knittrans.admission.engine.state import AdmissionState, EngineStatus, SourceStatus
 
@@ -87,6 +89,7 @@ __all__ = [
     "EngineStatus",
     "OnStarvation",
     "Plan",
+    "PoolEntries",
     "PoolEntry",
     "SourceStatus",
     "StarvationAction",

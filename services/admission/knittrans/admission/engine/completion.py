@@ -34,8 +34,8 @@ class CompletionTracker:
         declared = self.declared[step] = self.declared.get(step, 0) + count
         self._refresh(step, declared, self.completed.get(step, 0))
 
-    def add_completed(self, step: int) -> None:
-        completed = self.completed[step] = self.completed.get(step, 0) + 1
+    def add_completed(self, step: int, count: int = 1) -> None:
+        completed = self.completed[step] = self.completed.get(step, 0) + count
         self._refresh(step, self.declared.get(step, 0), completed)
 
     def start_train_batch(self) -> None:

@@ -1,8 +1,9 @@
-""":class:`PoolEntry`: what the engine needs to know about one finished trajectory."""
+""":class:`PoolEntry`: what the engine needs to know about one finished trajectory; :class:`PoolEntries`: many."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from knittrans.errors import InvalidArgument
@@ -74,4 +75,62 @@ class PoolEntry:
             rollout_step=meta.rollout_step,
             num_tokens=meta.num_tokens,
             accepted=meta.accepted,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolEntries:
+    """Many finished trajectories reported together, as columns: trajectory ``i`` is element ``i`` of each.
+
+    The same fields and rules as :class:`PoolEntry`, checked a column at a time (a service ingests thousands
+    of reports a second, and one check per column costs far less than one object per report). ``ready_at``
+    is one time for the whole report. :meth:`AdmissionState.add_many` takes them.
+    """
+
+    trajectory_ids: Sequence[TrajectoryId]
+    sample_ids: Sequence[SampleId]
+    sources: Sequence[SourceName]
+    ready_at: float
+    oldest_versions: Sequence[int]
+    rollout_steps: Sequence[int]
+    num_tokens: Sequence[int]
+    accepted: Sequence[bool]
+
+    def __post_init__(self) -> None:
+        count = len(self.trajectory_ids)
+        for name in ("sample_ids", "sources", "oldest_versions", "rollout_steps", "num_tokens", "accepted"):
+            if len(getattr(self, name)) != count:
+                raise InvalidArgument(f"needs one value per trajectory ({count})", field=name)
+        if not count:
+            return
+        for name in ("trajectory_ids", "sample_ids", "sources"):
+            values = getattr(self, name)
+            lengths = list(map(len, values)) if set(map(type, values)) == {str} else [0]
+            if not (0 < min(lengths) and max(lengths) <= MAX_ID_LENGTH):
+                raise InvalidArgument(
+                    f"must be non-empty strings of at most {MAX_ID_LENGTH} characters", field=name
+                )
+        ready_at = self.ready_at
+        if not isinstance(ready_at, (float, int)) or type(ready_at) is bool or not math.isfinite(ready_at):
+            raise InvalidArgument(f"must be a finite number of seconds, got {ready_at!r}", field="ready_at")
+        for name in ("oldest_versions", "rollout_steps", "num_tokens"):
+            values = getattr(self, name)
+            if set(map(type, values)) != {int} or min(values) < 0:
+                raise InvalidArgument("must be non-negative integers", field=name)
+        if set(map(type, self.accepted)) != {bool}:
+            raise InvalidArgument("must be true or false", field="accepted")
+
+    def __len__(self) -> int:
+        return len(self.trajectory_ids)
+
+    def entry(self, i: int) -> PoolEntry:
+        return PoolEntry(
+            trajectory_id=self.trajectory_ids[i],
+            sample_id=self.sample_ids[i],
+            source=self.sources[i],
+            ready_at=self.ready_at,
+            oldest_version=self.oldest_versions[i],
+            rollout_step=self.rollout_steps[i],
+            num_tokens=self.num_tokens[i],
+            accepted=self.accepted[i],
         )

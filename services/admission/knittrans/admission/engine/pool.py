@@ -112,6 +112,31 @@ class ReadyPool:
         if key[0] < self.min_version:
             self.min_version = key[0]
 
+    def insert_many(self, keys: list[UnitKey], sources: list[int], units: list[PooledUnit]) -> None:
+        """Insert units (with their keys and sources, column by column) as :meth:`insert` would one by one: each
+        source's new keys are sorted once and merged with its queue's tail (usually just appended: arrivals come
+        mostly in policy order)."""
+        if not units:
+            return
+        self.units.update(zip([key[2] for key in keys], units, strict=True))
+        present = set(sources)
+        for source in present:
+            mine = keys if len(present) == 1 else [key for key, s in zip(keys, sources, strict=True) if s == source]
+            new = sorted(mine)
+            added = len(new)
+            queue = self.queues[source]
+            existing = queue.keys
+            if existing and existing[-1] > new[0]:
+                at = bisect_left(existing, new[0], lo=queue.head)
+                new = sorted(existing[at:] + new)  # two sorted runs: a linear merge
+                del existing[at:]
+            existing.extend(new)
+            self.sizes[source] += added
+        self.total += len(units)
+        lowest = min(key[0] for key in keys)
+        if lowest < self.min_version:
+            self.min_version = lowest
+
     def take_prefixes(self, counts: dict[int, int]) -> list[PooledUnit]:
         """Remove and return the first ``counts[source]`` units of each source."""
         units = self.units

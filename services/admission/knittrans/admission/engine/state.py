@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from knittrans.admission.engine.completion import CompletionTracker
 from knittrans.admission.engine.config import EngineConfig
 from knittrans.admission.engine.decisions import QUOTA_REASONS, Admit, BlockingReason, Decision, Drop, Wait
-from knittrans.admission.engine.entries import PoolEntry
+from knittrans.admission.engine.entries import PoolEntries, PoolEntry
 from knittrans.admission.engine.pool import NO_VERSION, PooledUnit, ReadyPool
 from knittrans.admission.engine.quotas import Plan, progressive_target
 from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
@@ -192,6 +192,59 @@ class AdmissionState:
             self._pool.insert(PooledUnit(key, source, (trajectory_id,), seq))
         else:
             self._filtered.append(trajectory_id)
+
+    def add_many(self, entries: PoolEntries) -> None:
+        """Report many finished trajectories at once: the same state as :meth:`add` for each, in order, but all
+        or nothing (an unknown source or a trajectory already in the pool changes nothing). With ``group``
+        admission units the rows are added one by one, as :meth:`add` would."""
+        count = len(entries)
+        if not count:
+            return
+        source_index = self._source_index
+        unknown = set(entries.sources).difference(source_index)
+        if unknown:
+            i = next(i for i, name in enumerate(entries.sources) if name in unknown)
+            known = ", ".join(self.plan.sources)
+            raise InvalidArgument(
+                f"unknown source {entries.sources[i]!r}; configured: {known}", field=f"sources[{i}]"
+            )
+        ids = entries.trajectory_ids
+        if len(set(ids)) != count or not self._pool.units.keys().isdisjoint(ids) or (
+            self._unit_of and not self._unit_of.keys().isdisjoint(ids)
+        ):
+            seen: set[str] = set()
+            for trajectory_id in ids:
+                if trajectory_id in seen or trajectory_id in self._unit_of or trajectory_id in self._pool.units:
+                    raise Conflict(f"trajectory {trajectory_id!r} is already in the pool", field="trajectory_id")
+                seen.add(trajectory_id)
+        if self._grouped:
+            for i in range(count):
+                self.add(entries.entry(i))
+            return
+        if self._completion is not None:
+            completed: dict[int, int] = {}
+            for step in entries.rollout_steps:
+                completed[step] = completed.get(step, 0) + 1
+            for step, number in completed.items():
+                self._completion.add_completed(step, number)
+        accepted = entries.accepted
+        if all(accepted):
+            kept_ids, kept_sources, kept_versions = ids, entries.sources, entries.oldest_versions
+        else:
+            kept = [i for i, flag in enumerate(accepted) if flag]
+            self._filtered.extend(t for t, flag in zip(ids, accepted, strict=True) if not flag)
+            kept_ids = [ids[i] for i in kept]
+            kept_sources = [entries.sources[i] for i in kept]
+            kept_versions = [entries.oldest_versions[i] for i in kept]
+        # Built a column at a time (no Python loop per trajectory): keys in policy order, then the pooled units.
+        count = len(kept_ids)
+        seq = self._seq
+        keys = list(zip(kept_versions, [entries.ready_at] * count, kept_ids, strict=True))
+        sources = list(map(source_index.__getitem__, kept_sources))
+        units = list(map(tuple.__new__, [PooledUnit] * count,
+                         zip(keys, sources, zip(kept_ids), range(seq, seq + count), strict=True)))
+        self._seq = seq + count
+        self._pool.insert_many(keys, sources, units)
 
     def add_scheduled(self, rollout_step: int, count: int = 1) -> None:
         """Declare ``count`` trajectories scheduled at ``rollout_step`` (for completion quotas)."""

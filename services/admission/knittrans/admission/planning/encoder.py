@@ -38,62 +38,107 @@ class References:
 def collect_references(trajectories: Sequence[TrajectoryMeta], topology: Topology) -> References:
     """Number the references and find the unique encodings, rejecting unknown encoders, placeholders
     outside their sequence and references to one key that disagree on what the key holds."""
-    encoder_ids = {e.name: i for i, e in enumerate(topology.encoders)}
-    first_seen: dict[tuple[str, str], int] = {}
-    signatures: list[tuple[float, int, UnitKind, str | None]] = []
-    sources: list[tuple[int, int]] = []
-    ref_trajectory: list[int] = []
-    ref_encoding: list[int] = []
-    ref_starts: list[int] = []
-    ref_ends: list[int] = []
-    # One pass in plain Python: this loop dominates planning time for multimodal batches, so it builds no
-    # strings and calls nothing unless an input is bad.
-    for t, meta in enumerate(trajectories):
-        if not meta.multimodal:
-            continue
-        num_tokens = meta.num_tokens
-        for j, ref in enumerate(meta.multimodal):
-            span = ref.placeholder
-            start, end = span.start, span.end
-            if start >= end or end > num_tokens:
-                raise InvalidArgument(
-                    f"[{start}, {end}) is empty or outside the sequence of {num_tokens} tokens",
-                    field=f"trajectories[{t}].multimodal[{j}].placeholder",
-                )
-            header = ref.header
-            signature = (ref.cost, end - start, ref.kind, header.content_hash if header is not None else None)
-            identity = (ref.encoder, ref.key)
-            encoding = first_seen.get(identity)
-            if encoding is None:
-                if ref.encoder not in encoder_ids:
-                    known = ", ".join(encoder_ids) or "none"
-                    raise InvalidArgument(
-                        f"unknown encoder {ref.encoder!r}; the topology has: {known}",
-                        field=f"trajectories[{t}].multimodal[{j}].encoder",
-                    )
-                encoding = len(sources)
-                first_seen[identity] = encoding
-                sources.append((t, j))
-                signatures.append(signature)
-            elif signature != signatures[encoding]:
-                _reject_different_unit(signature, signatures[encoding], sources[encoding], t, j)
-            ref_trajectory.append(t)
-            ref_encoding.append(encoding)
-            ref_starts.append(start)
-            ref_ends.append(end)
-    source = np.array(sources, dtype=np.int64).reshape(-1, 2)
-    return References(
-        trajectory=np.array(ref_trajectory, dtype=np.int64),
-        encoding=np.array(ref_encoding, dtype=np.int64),
-        starts=np.array(ref_starts, dtype=np.int64),
-        ends=np.array(ref_ends, dtype=np.int64),
-        source_trajectory=source[:, 0],
-        source_reference=source[:, 1],
-        encoder_index=np.array(
-            [encoder_ids[trajectories[t].multimodal[j].encoder] for t, j in sources], dtype=np.int64
+    refs = [(t, ref) for t, meta in enumerate(trajectories) for ref in meta.multimodal]
+    return collect_reference_columns(
+        ReferenceColumns(
+            trajectories=np.fromiter((t for t, _ in refs), dtype=np.int64, count=len(refs)),
+            keys=[ref.key for _, ref in refs],
+            encoders=[ref.encoder for _, ref in refs],
+            costs=np.fromiter((ref.cost for _, ref in refs), dtype=np.float64, count=len(refs)),
+            starts=np.fromiter((ref.placeholder.start for _, ref in refs), dtype=np.int64, count=len(refs)),
+            ends=np.fromiter((ref.placeholder.end for _, ref in refs), dtype=np.int64, count=len(refs)),
+            kinds=[ref.kind for _, ref in refs],
+            content_hashes=[ref.header.content_hash if ref.header is not None else None for _, ref in refs],
         ),
-        costs=np.array([s[0] for s in signatures], dtype=np.float64),
+        np.fromiter((meta.num_tokens for meta in trajectories), dtype=np.int64, count=len(trajectories)),
+        topology,
     )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ReferenceColumns:
+    """Every multimodal reference of a mini-batch as columns, numbered trajectory by trajectory."""
+
+    trajectories: np.ndarray  # [R] the trajectory (index in the mini-batch) that holds each reference
+    keys: Sequence[str]
+    encoders: Sequence[str]
+    costs: np.ndarray  # [R] float64
+    starts: np.ndarray  # [R] placeholder start
+    ends: np.ndarray  # [R] placeholder end
+    kinds: Sequence[UnitKind]
+    content_hashes: Sequence[str | None]  # of each reference's header; None without one
+
+
+def collect_reference_columns(refs: ReferenceColumns, num_tokens: np.ndarray, topology: Topology) -> References:
+    """:func:`collect_references` on columns: the same encodings, and the same error for the first bad reference
+    (references are checked in order: placeholder, then encoder at a key's first use, then agreement with it)."""
+    count = len(refs.keys)
+    first_seen: dict[tuple[str, str], int] = {}
+    setdefault = first_seen.setdefault
+    encoding_list = [setdefault(identity, len(first_seen)) for identity in zip(refs.encoders, refs.keys, strict=True)]
+    encoding = np.array(encoding_list, dtype=np.int64)
+    first_of = np.full(len(first_seen), count, dtype=np.int64)
+    np.minimum.at(first_of, encoding, np.arange(count, dtype=np.int64))
+    first = first_of[encoding]
+    is_first = first == np.arange(count)
+    starts, ends, costs = refs.starts, refs.ends, refs.costs
+    trajectories = refs.trajectories
+    placeholder_bad = (starts >= ends) | (ends > num_tokens[trajectories])
+    encoder_ids = {e.name: i for i, e in enumerate(topology.encoders)}
+    first_list = first.tolist()
+    differs = (costs != costs[first]) | ((ends - starts) != (ends - starts)[first])
+    for column in (refs.kinds, refs.content_hashes):  # compared as objects, element by element in C
+        values = np.empty(count, dtype=object)
+        values[:] = column
+        differs |= values != values[first]
+    if encoder_ids.keys() >= set(refs.encoders):
+        unknown = np.zeros(count, dtype=bool)
+    else:
+        unknown = np.fromiter((e not in encoder_ids for e in refs.encoders), dtype=bool, count=count)
+    bad = placeholder_bad | (is_first & unknown) | (~is_first & differs)
+    if bad.any():
+        _reject_reference(refs, int(np.flatnonzero(bad)[0]), first_list, num_tokens, encoder_ids)
+    sources = np.flatnonzero(is_first)  # encodings in first-use order, as numbered
+    source_trajectory = trajectories[sources]
+    offsets = np.searchsorted(trajectories, source_trajectory, side="left")
+    return References(
+        trajectory=trajectories.astype(np.int64, copy=False),
+        encoding=encoding,
+        starts=starts.astype(np.int64, copy=False),
+        ends=ends.astype(np.int64, copy=False),
+        source_trajectory=source_trajectory.astype(np.int64, copy=False),
+        source_reference=(sources - offsets).astype(np.int64, copy=False),
+        encoder_index=np.array([encoder_ids[refs.encoders[r]] for r in sources.tolist()], dtype=np.int64),
+        costs=costs[sources].astype(np.float64, copy=False),
+    )
+
+
+def _reject_reference(
+    refs: ReferenceColumns, r: int, first: list[int], num_tokens: np.ndarray, encoder_ids: dict[str, int]
+) -> None:
+    trajectories = refs.trajectories
+    t = int(trajectories[r])
+    j = r - int(np.searchsorted(trajectories, t, side="left"))
+    start, end, tokens = int(refs.starts[r]), int(refs.ends[r]), int(num_tokens[t])
+    if start >= end or end > tokens:
+        raise InvalidArgument(
+            f"[{start}, {end}) is empty or outside the sequence of {tokens} tokens",
+            field=f"trajectories[{t}].multimodal[{j}].placeholder",
+        )
+    f = first[r]
+    if f == r:
+        known = ", ".join(encoder_ids) or "none"
+        raise InvalidArgument(
+            f"unknown encoder {refs.encoders[r]!r}; the topology has: {known}",
+            field=f"trajectories[{t}].multimodal[{j}].encoder",
+        )
+
+    def signature(k: int) -> tuple:
+        return (float(refs.costs[k]), int(refs.ends[k] - refs.starts[k]), refs.kinds[k], refs.content_hashes[k])
+
+    ft = int(trajectories[f])
+    source = (ft, f - int(np.searchsorted(trajectories, ft, side="left")))
+    _reject_different_unit(signature(r), signature(f), source, t, j)
 
 
 def _reject_different_unit(

@@ -5,14 +5,30 @@ No I/O, no clock, no globals: the plan is a function of the trajectories' metada
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from knittrans.admission.planning.backbone import plan_backbone
-from knittrans.admission.planning.encoder import build_route, collect_references, plan_encoder
+from knittrans.admission.planning.encoder import (
+    ReferenceColumns,
+    References,
+    build_route,
+    collect_reference_columns,
+    collect_references,
+    plan_encoder,
+)
 from knittrans.errors import InvalidArgument
-from knittrans.plan import DEFAULT_LABEL_FIELDS, EncodingTable, Plan, PlanQuality
+from knittrans.plan import (
+    DEFAULT_LABEL_FIELDS,
+    BackbonePlan,
+    EncoderPlan,
+    EncodingTable,
+    Plan,
+    PlanQuality,
+    RouteMap,
+)
 from knittrans.types import Topology, TrajectoryMeta, check_id
 
 
@@ -42,11 +58,76 @@ def plan_minibatch(
     num_tokens = np.fromiter((t.num_tokens for t in trajectories), dtype=np.int64, count=count)
     loss_tokens = np.fromiter((t.num_loss_tokens for t in trajectories), dtype=np.int64, count=count)
     _check_lengths(num_tokens, loss_tokens)
+    layout = _plan_layout(
+        num_tokens, loss_tokens, lambda: collect_references(trajectories, topology), topology, balance_target
+    )
+    return Plan(
+        topology=topology,
+        label_fields=tuple(label_fields),
+        trajectories=trajectories,
+        backbone=layout.backbone,
+        encodings=layout.encodings,
+        encoders=layout.encoders,
+        route=layout.route,
+        quality=layout.quality,
+    )
 
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PlanLayout:
+    """Everything :func:`plan_minibatch` computes, without the trajectories' metadata it was computed from:
+    ``Plan(topology=..., label_fields=..., trajectories=..., **layout.parts())`` is that plan."""
+
+    backbone: BackbonePlan
+    encodings: EncodingTable
+    encoders: tuple[EncoderPlan, ...]
+    route: RouteMap
+    quality: PlanQuality
+
+    def parts(self) -> dict[str, object]:
+        return {"backbone": self.backbone, "encodings": self.encodings, "encoders": self.encoders,
+                "route": self.route, "quality": self.quality}
+
+
+def plan_columns(
+    trajectory_ids: Sequence[str],
+    num_tokens: np.ndarray,
+    loss_tokens: np.ndarray,
+    references: ReferenceColumns,
+    topology: Topology,
+    *,
+    balance_target: float = 1.01,
+) -> PlanLayout:
+    """:func:`plan_minibatch` on columns (per trajectory its id, length and loss tokens; its multimodal
+    references), for callers that hold the metadata in another form than :class:`TrajectoryMeta` (the
+    admission service plans from its ingest columns). Same checks, same errors, same layout."""
+    _check_topology(topology)
+    if not len(trajectory_ids):
+        raise InvalidArgument("an admitted mini-batch has at least one trajectory", field="trajectories")
+    _check_unique(list(trajectory_ids))
+    if not (isinstance(balance_target, (int, float)) and balance_target >= 1.0):
+        raise InvalidArgument(f"must be a number of at least 1.0, got {balance_target!r}", field="balance_target")
+    num_tokens = np.asarray(num_tokens, dtype=np.int64)
+    loss_tokens = np.asarray(loss_tokens, dtype=np.int64)
+    _check_lengths(num_tokens, loss_tokens)
+    return _plan_layout(
+        num_tokens, loss_tokens, lambda: collect_reference_columns(references, num_tokens, topology), topology,
+        balance_target,
+    )
+
+
+def _plan_layout(
+    num_tokens: np.ndarray,
+    loss_tokens: np.ndarray,
+    collect: Callable[[], References],
+    topology: Topology,
+    balance_target: float,
+) -> PlanLayout:
+    count = len(num_tokens)
     layout = plan_backbone(num_tokens, loss_tokens, topology.backbone, balance_target=balance_target)
     backbone = layout.plan
 
-    references = collect_references(trajectories, topology)
+    references = collect()
     encoder_plans = []
     encoder_qualities = []
     for index, encoder in enumerate(topology.encoders):
@@ -84,10 +165,7 @@ def plan_minibatch(
         encoders=tuple(encoder_qualities),
         scheme=layout.scheme,
     )
-    return Plan(
-        topology=topology,
-        label_fields=tuple(label_fields),
-        trajectories=trajectories,
+    return PlanLayout(
         backbone=backbone,
         encodings=EncodingTable(
             source_trajectory=references.source_trajectory,
@@ -132,7 +210,10 @@ def _check_trajectories(trajectories: tuple[TrajectoryMeta, ...]) -> None:
         raise InvalidArgument(
             f"expected TrajectoryMeta, got {type(trajectories[bad]).__name__}", field=f"trajectories[{bad}]"
         )
-    ids = [meta.trajectory_id for meta in trajectories]
+    _check_unique([meta.trajectory_id for meta in trajectories])
+
+
+def _check_unique(ids: list[str]) -> None:
     if len(set(ids)) != len(ids):
         seen: dict[str, int] = {}
         for i, trajectory_id in enumerate(ids):

@@ -40,11 +40,12 @@ def run(args: argparse.Namespace) -> int:
             "job": args.job,
         },
     )
-    from knittrans.admission.service.app import start_admission_service
+    from knittrans.admission.service.app import start_admission_service, tune_garbage_collector
     from knittrans.serving.server import run_until_signalled
 
     async def main(stop: asyncio.Event) -> int:
         service = await start_admission_service(settings)
+        tune_garbage_collector()
         ready = {"address": service.address, "metrics_port": service.server.metrics_port,
                  "health_port": service.server.health_port}
         logger.info("admission service ready: %s", ready)

@@ -20,6 +20,10 @@ LOAD_CHUNK = 1000
 
 
 class Journal(Protocol):
+    # False when append keeps nothing: callers may then skip building records (the state still changes only by
+    # applying them, as AdmissionLedger.apply_report documents).
+    keeps_records: bool
+
     async def append(self, record: journal_pb2.JournalRecord) -> None: ...
 
     def replay(self) -> AsyncIterator[journal_pb2.JournalRecord]: ...
@@ -29,6 +33,8 @@ class Journal(Protocol):
 
 class MemoryJournal:
     """Embedded mode: state lives only in the process."""
+
+    keeps_records = False
 
     async def append(self, record: journal_pb2.JournalRecord) -> None:
         return None
@@ -42,6 +48,8 @@ class MemoryJournal:
 
 
 class RedisJournal:
+    keeps_records = True
+
     def __init__(self, url: str, *, job: str) -> None:
         import redis.asyncio as redis_asyncio
 

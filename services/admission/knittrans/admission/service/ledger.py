@@ -5,6 +5,12 @@ counts, the admitted mini-batches with the consumers that still owe their optimi
 consumer's acknowledged stream position. It does no I/O and reads no clock: the servicer builds a
 :class:`~knittrans.v1.journal_pb2.JournalRecord` for each change, journals it, then applies it here. Recovery
 applies the journaled records in order and arrives at the same state.
+
+Reported metadata stays in the columns it was validated in (:class:`~knittrans.trajectory_batch.TrajectoryColumns`,
+one block per applied report): a trajectory becomes a message only when it is admitted (for its consumers),
+released (for its fingerprint) or re-sent. The fingerprint that tells an identical re-send from a conflicting one
+is the digest of the trajectory's canonical message (:meth:`TrajectoryColumns.canonical_message`), so it does not
+depend on the form either report came in.
 """
 
 from __future__ import annotations
@@ -13,27 +19,24 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntry, decide
+from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries, decide
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
-from knittrans.admission.planning import plan_minibatch
-from knittrans.admission.service.ingest import Ingested, IngestLimits, check_batch, check_trajectory, fingerprint
+from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.ingest import IngestLimits, check_columns, fingerprint, oldest_versions
 from knittrans.errors import FailedPrecondition, InvalidArgument
-from knittrans.plan import Plan
-from knittrans.store.index import IndexEntry, UnitIndex
+from knittrans.store.index import CheckedEntries, UnitIndex
+from knittrans.trajectory_batch import TrajectoryColumns
 from knittrans.types import (
     BACKBONE_ROLE,
     ENCODER_ROLE_PREFIX,
     AdmissionUnit,
     ConsumerId,
-    SampleId,
-    SourceName,
     Topology,
     TrajectoryId,
     UnitKey,
 )
 from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2, trajectory_pb2
-from knittrans.wire import trusted_trajectory_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +44,12 @@ _BLOCKING_TO_PROTO = {r: admission_pb2.BlockingReason.Value(f"BLOCKING_REASON_{r
 _BLOCKING_FROM_PROTO = {number: reason for reason, number in _BLOCKING_TO_PROTO.items()}
 _DROP_TO_PROTO = {r: admission_pb2.DropReason.Value(f"DROP_REASON_{r.name}") for r in DropReason}
 _DROP_FROM_PROTO = {number: reason for reason, number in _DROP_TO_PROTO.items()}
-OUTCOME = admission_service_pb2.ReportOutcome
 _ANY_VERSION = 2**63
+_BLOCK_SHIFT = 20  # a row handle is (block number << 20) | row; a report holds at most 100,000 trajectories
+_CONFLICT_REASON = "a different trajectory with this id was already acknowledged"
+_ACCEPTED = admission_service_pb2.REPORT_OUTCOME_ACCEPTED
+_DUPLICATE = admission_service_pb2.REPORT_OUTCOME_DUPLICATE
+_CONFLICT = admission_service_pb2.REPORT_OUTCOME_CONFLICT
 
 
 def blocking_to_proto(reason: BlockingReason) -> int:
@@ -79,25 +86,74 @@ class MiniBatch:
     admission: admission_pb2.MiniBatchAdmission
     trajectory_ids: tuple[TrajectoryId, ...]
     owed_steps: set[ConsumerId]
-    plan: Plan | None = None  # derived from the metadata on demand; never journaled
+    dispatch: MiniBatchDispatch | None = None  # its plan, derived from the metadata on demand; never journaled
 
     @property
     def released(self) -> bool:
         return not self.owed_steps
 
 
-@dataclass
-class Reported:
-    fingerprint: bytes
-    message: trajectory_pb2.TrajectoryMetadata | None  # None once released: only the fingerprint stays
+class _Block:
+    """The columns of one applied report; its rows stay until every one of them is released."""
+
+    __slots__ = ("columns", "live", "oldest")
+
+    def __init__(self, columns: TrajectoryColumns, live: int, oldest: Sequence[int]) -> None:
+        self.columns = columns
+        self.live = live
+        self.oldest = tuple(oldest)  # kept for as long as the rows: a tuple of ints, which the collector ignores
 
 
 @dataclass
 class Classified:
-    """How a report would be applied: its per-trajectory results and the new trajectories to journal."""
+    """A validated report: each trajectory's outcome, and the new trajectories that applying it adds."""
 
-    results: list[admission_service_pb2.TrajectoryReportResult]
-    accepted: list[trajectory_pb2.TrajectoryMetadata]
+    request_id: str
+    columns: TrajectoryColumns
+    batch: trajectory_pb2.TrajectoryBatch | None  # the batch as received (None for a report of messages)
+    outcomes: list[int]
+    accepted_rows: list[int]
+    oldest: list[int]
+    index_entries: CheckedEntries | None  # the accepted trajectories' keys, checked against the index
+
+    def record(self, at: float) -> journal_pb2.JournalRecord | None:
+        """The journal record of the new trajectories, in the form they came in; None if there are none."""
+        rows = self.accepted_rows
+        if not rows:
+            return None
+        columns = self.columns
+        record = journal_pb2.JournalRecord(at=at)
+        report = record.report
+        report.request_id = self.request_id
+        # Serialising and parsing the trajectories is several times faster than copying their messages.
+        if self.batch is None:
+            for i in rows:
+                report.trajectories.add().MergeFromString(columns.messages[i].SerializeToString())
+        else:
+            batch = self.batch if len(rows) == len(columns) else columns.take(rows)
+            report.batch.MergeFromString(batch.SerializeToString())
+        return record
+
+    def counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for outcome in self.outcomes:
+            counts[outcome] = counts.get(outcome, 0) + 1
+        return counts
+
+    def response(self) -> admission_service_pb2.ReportTrajectoriesResponse:
+        """Per trajectory its outcome: results for a report of messages; outcomes and conflicts for a batch."""
+        ids = self.columns.trajectory_ids
+        if self.batch is None:
+            return admission_service_pb2.ReportTrajectoriesResponse(results=[
+                {"trajectory_id": trajectory_id, "outcome": outcome,
+                 "reason": _CONFLICT_REASON if outcome == _CONFLICT else ""}
+                for trajectory_id, outcome in zip(ids, self.outcomes, strict=True)
+            ])
+        conflicts = [
+            {"trajectory_id": ids[i], "outcome": outcome, "reason": _CONFLICT_REASON}
+            for i, outcome in enumerate(self.outcomes) if outcome == _CONFLICT
+        ] if _CONFLICT in self.outcomes else []
+        return admission_service_pb2.ReportTrajectoriesResponse(outcomes=self.outcomes, conflicts=conflicts)
 
 
 @dataclass
@@ -123,9 +179,12 @@ class AdmissionLedger:
         self.limits = IngestLimits(
             sources=frozenset(settings.engine.sources), encoders=frozenset(e.name for e in settings.topology.encoders)
         )
-        self.reported: dict[TrajectoryId, Reported] = {}
-        # Validation results of the report being applied, so the hot path reads each message only once.
-        self._prepared: dict[TrajectoryId, tuple[Ingested, bytes]] = {}
+        # Every acknowledged trajectory is in exactly one of: _rows (live: its row handle) or, once released,
+        # only in _digests (its fingerprint; _digests also caches those of live rows that were re-sent).
+        self._rows: dict[TrajectoryId, int] = {}
+        self._blocks: dict[int, _Block] = {}
+        self._next_block = 0
+        self._digests: dict[TrajectoryId, bytes] = {}
         self.index = UnitIndex()
         self.minibatches: dict[int, MiniBatch] = {}
         self.next_sequence = 1
@@ -143,49 +202,96 @@ class AdmissionLedger:
 
     def classify(self, request: admission_service_pb2.ReportTrajectoriesRequest) -> Classified:
         """Validate a report whole and sort its trajectories into accepted, duplicate and conflict."""
-        trajectories = request.trajectories
-        ingested = check_batch(trajectories, self.limits, self.version, max_batch=self.settings.max_report_batch)
-        results = []
-        accepted = []
-        claimed: dict[UnitKey, str] = {}
-        for i, (message, item) in enumerate(zip(trajectories, ingested, strict=True)):
-            trajectory_id = TrajectoryId(item.trajectory_id)
-            known = self.reported.get(trajectory_id)
-            digest = fingerprint(message)
-            if known is None:
-                self._check_keys(item, i, claimed)
-                accepted.append(message)
-                self._prepared[trajectory_id] = (item, digest)
-                outcome, reason = OUTCOME.REPORT_OUTCOME_ACCEPTED, ""
-            elif known.fingerprint == digest:
-                outcome, reason = OUTCOME.REPORT_OUTCOME_DUPLICATE, ""
-            else:
-                outcome = OUTCOME.REPORT_OUTCOME_CONFLICT
-                reason = "a different trajectory with this id was already acknowledged"
-            results.append(
-                admission_service_pb2.TrajectoryReportResult(
-                    trajectory_id=trajectory_id, outcome=outcome, reason=reason
-                )
-            )
-        return Classified(results=results, accepted=accepted)
+        batch_form = request.HasField("batch")
+        if batch_form and len(request.trajectories):
+            raise InvalidArgument("set either trajectories or batch, not both", field="batch")
+        count = len(request.batch.trajectory_ids) if batch_form else len(request.trajectories)
+        limit = self.settings.max_report_batch
+        if count > limit:
+            raise InvalidArgument(f"{count} trajectories exceed the limit of {limit}", field="trajectories")
+        if batch_form:
+            columns = TrajectoryColumns.from_proto(request.batch)
+        else:
+            columns = TrajectoryColumns.from_messages(request.trajectories)
+        check_columns(columns, self.limits, self.version, max_batch=limit)
+        ids = columns.trajectory_ids
+        outcomes = [_ACCEPTED] * count
+        if self._rows.keys().isdisjoint(ids) and self._digests.keys().isdisjoint(ids):
+            accepted = list(range(count))
+        else:
+            accepted = []
+            for i, trajectory_id in enumerate(ids):
+                if trajectory_id in self._rows or trajectory_id in self._digests:
+                    same = self._digest(TrajectoryId(trajectory_id)) == fingerprint(columns.canonical_message(i))
+                    outcomes[i] = _DUPLICATE if same else _CONFLICT
+                else:
+                    accepted.append(i)
+        checked = self._check_keys(columns, accepted)
+        return Classified(
+            request_id=request.request_id,
+            columns=columns,
+            batch=request.batch if batch_form else None,
+            outcomes=outcomes,
+            accepted_rows=accepted,
+            oldest=oldest_versions(columns),
+            index_entries=checked,
+        )
 
-    def _check_keys(self, item: Ingested, i: int, claimed: dict[UnitKey, str]) -> None:
-        """A unit key belongs to one trajectory, a multimodal key to one sample (within and across reports)."""
+    def _check_keys(self, columns: TrajectoryColumns, rows: list[int]) -> CheckedEntries | None:
+        """A unit key belongs to one trajectory, a multimodal key to one sample (within and across reports).
+
+        The index checks the new trajectories' keys a set operation at a time and keeps the result for applying
+        them; when it finds (or might find) a broken rule, the trajectories are checked in order, to name the
+        first key that breaks one (including a reference to one of the trajectory's own units)."""
+        if not rows:
+            return None
+        whole = len(rows) == len(columns)
+        units = columns.unit_offsets.tolist()
+        refs = columns.multimodal_offsets.tolist()
+
+        def pick(values: list) -> list:
+            return values if whole else [values[i] for i in rows]
+
+        # Slices of the flat key columns, one per trajectory, without a Python loop.
+        unit_keys = list(map(tuple, map(columns.unit_keys.__getitem__, map(slice, pick(units[:-1]), pick(units[1:])))))
+        media = map(columns.multimodal_keys.__getitem__, map(slice, pick(refs[:-1]), pick(refs[1:])))
+        try:
+            checked = self.index.check_many(
+                pick(columns.trajectory_ids), pick(columns.sample_ids), unit_keys,
+                list(map(tuple, map(dict.fromkeys, media))),
+            )
+        except InvalidArgument:
+            self._check_keys_in_order(columns, rows)
+            raise
+        if not checked.in_bulk:
+            self._check_keys_in_order(columns, rows)
+        return checked
+
+    def _check_keys_in_order(self, columns: TrajectoryColumns, rows: list[int]) -> None:
         owner_of = self.index.owner
-        for j, key in enumerate(item.unit_keys):
-            if owner_of(key) is not None or key in claimed:
-                raise InvalidArgument(
-                    "is already referenced by another trajectory", field=f"trajectories[{i}].units[{j}].key"
-                )
-            claimed[key] = item.trajectory_id
-        for j, key in enumerate(item.multimodal_keys):
-            owner = owner_of(key) or claimed.get(key)
-            if owner is not None and owner != item.sample_id:
-                raise InvalidArgument(
-                    f"belongs to {owner!r}, not to sample {item.sample_id!r}",
-                    field=f"trajectories[{i}].multimodal[{j}].key",
-                )
-            claimed[key] = item.sample_id
+        claimed: dict[UnitKey, str] = {}
+        unit_offsets, mm_offsets = columns.unit_offsets.tolist(), columns.multimodal_offsets.tolist()
+        for i in rows:
+            trajectory_id, sample_id = columns.trajectory_ids[i], columns.sample_ids[i]
+            own = columns.unit_keys[unit_offsets[i] : unit_offsets[i + 1]]
+            for j, key in enumerate(own):
+                if owner_of(key) is not None or key in claimed:
+                    raise InvalidArgument(
+                        "is already referenced by another trajectory", field=f"trajectories[{i}].units[{j}].key"
+                    )
+                claimed[key] = trajectory_id
+            for j, key in enumerate(columns.multimodal_keys[mm_offsets[i] : mm_offsets[i + 1]]):
+                if key in own:
+                    raise InvalidArgument(
+                        "is also one of the trajectory's own units", field=f"trajectories[{i}].multimodal[{j}].key"
+                    )
+                owner = owner_of(key) or claimed.get(key)
+                if owner is not None and owner != sample_id:
+                    raise InvalidArgument(
+                        f"belongs to {owner!r}, not to sample {sample_id!r}",
+                        field=f"trajectories[{i}].multimodal[{j}].key",
+                    )
+                claimed[key] = sample_id
 
     def check_consumer(self, consumer: ConsumerId, field_prefix: str = "consumer") -> None:
         if consumer not in self._consumer_set:
@@ -232,46 +338,76 @@ class AdmissionLedger:
 
     # -- applying records (the only mutation) ----------------------------------------------------------
 
-    def apply(self, record: journal_pb2.JournalRecord) -> Applied:
+    def apply(self, record: journal_pb2.JournalRecord, prepared: Classified | None = None) -> Applied:
+        """Apply one record. ``prepared`` is the classified report the record was built from, when the caller
+        has it (the live path): its validated columns are used instead of reading the record again."""
         kind = record.WhichOneof("change")
+        if kind == "report":
+            return self._apply_report(record, prepared)
         handler = getattr(self, f"_apply_{kind}", None)
         if handler is None:
             raise FailedPrecondition(f"unknown journal record {kind!r}")
         return handler(record)
 
-    def _apply_report(self, record: journal_pb2.JournalRecord) -> Applied:
-        prepared = self._prepared
-        for message in record.report.trajectories:
-            trajectory_id = TrajectoryId(message.trajectory_id)
-            if trajectory_id in self.reported:
-                continue  # replaying a report that was journaled twice is harmless
-            cached = prepared.pop(trajectory_id, None)
-            if cached is None:  # recovery: the record was validated when it was journaled
-                item, digest = check_trajectory(message, "trajectory", self.limits, _ANY_VERSION), fingerprint(message)
-            else:
-                item, digest = cached
-            self.reported[trajectory_id] = Reported(fingerprint=digest, message=message)
-            self.index.add(
-                IndexEntry(
-                    trajectory_id=trajectory_id,
-                    sample_id=SampleId(item.sample_id),
-                    unit_keys=item.unit_keys,
-                    multimodal_keys=item.multimodal_keys,
-                )
+    def apply_report(self, at: float, prepared: Classified) -> Applied:
+        """Apply a classified report without building its record: what applying ``prepared.record(at)`` does
+        (for a journal that keeps nothing)."""
+        return self._add_rows(at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries)
+
+    def _apply_report(self, record: journal_pb2.JournalRecord, prepared: Classified | None) -> Applied:
+        if prepared is not None:
+            return self._add_rows(
+                record.at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries
             )
-            self.engine.add(
-                PoolEntry(
-                    trajectory_id=trajectory_id,
-                    sample_id=SampleId(item.sample_id),
-                    source=SourceName(item.source),
-                    ready_at=record.at,
-                    oldest_version=item.oldest_version,
-                    rollout_step=item.rollout_step,
-                    num_tokens=item.num_tokens,
-                    accepted=item.accepted,
-                )
+        # Recovery: the record was validated when it was journaled; the version check no longer applies.
+        report = record.report
+        if report.HasField("batch"):
+            columns = TrajectoryColumns.from_proto(report.batch)
+        else:
+            columns = TrajectoryColumns.from_messages(report.trajectories)
+        check_columns(columns, self.limits, _ANY_VERSION, max_batch=len(columns))
+        # Replaying a report that was journaled twice is harmless.
+        rows = [i for i, t in enumerate(columns.trajectory_ids) if t not in self._rows and t not in self._digests]
+        return self._add_rows(record.at, columns, rows, oldest_versions(columns))
+
+    def _add_rows(
+        self,
+        at: float,
+        columns: TrajectoryColumns,
+        rows: list[int],
+        oldest: list[int],
+        checked: CheckedEntries | None = None,
+    ) -> Applied:
+        if not rows:
+            return Applied()
+        if checked is None:  # recovery: check against the index as it is now
+            checked = self._check_keys(columns, rows)
+        number = self._next_block
+        self._next_block += 1
+        self._blocks[number] = _Block(columns, len(rows), oldest)
+        base = number << _BLOCK_SHIFT
+        ids, samples, sources = columns.trajectory_ids, columns.sample_ids, columns.sources
+        whole = len(rows) == len(columns)
+
+        def pick(values: list) -> list:
+            return values if whole else [values[i] for i in rows]
+
+        selected = pick(ids)
+        self._rows.update(zip(selected, range(base, base + len(rows)) if whole else [base + i for i in rows],
+                              strict=True))
+        self.index.add_checked(checked)
+        self.engine.add_many(
+            PoolEntries(
+                trajectory_ids=selected,
+                sample_ids=pick(samples),
+                sources=pick(sources),
+                ready_at=at,
+                oldest_versions=pick(oldest),
+                rollout_steps=pick(columns.rollout_steps.tolist()),
+                num_tokens=pick(columns.num_tokens.tolist()),
+                accepted=pick(columns.accepted.tolist()),
             )
-        prepared.clear()
+        )
         return Applied()
 
     def _apply_scheduled(self, record: journal_pb2.JournalRecord) -> Applied:
@@ -322,9 +458,8 @@ class AdmissionLedger:
         grouped = self.settings.engine.admission_unit is AdmissionUnit.GROUP
         units: dict[str, set[str]] = {}
         for trajectory_id in ids:
-            message = self.reported[trajectory_id].message
-            if message is not None:
-                units.setdefault(message.source, set()).add(message.sample_id if grouped else trajectory_id)
+            source, sample_id, _ = self.row_summary(trajectory_id)
+            units.setdefault(source, set()).add(sample_id if grouped else trajectory_id)
         return any(s.admitted + len(units.get(s.source, ())) < s.quota for s in before.sources)
 
     def _apply_drop(self, record: journal_pb2.JournalRecord) -> Applied:
@@ -364,7 +499,7 @@ class AdmissionLedger:
             return Applied()
         self.released_minibatches += 1
         freed = self._release_trajectories(minibatch.trajectory_ids)
-        minibatch.plan = None
+        minibatch.dispatch = None
         self._forget_finished()
         return Applied(released=minibatch, freed_keys=freed)
 
@@ -374,11 +509,20 @@ class AdmissionLedger:
         return Applied()
 
     def _release_trajectories(self, ids: Iterable[TrajectoryId]) -> tuple[UnitKey, ...]:
+        """Forget released trajectories' metadata but their fingerprints."""
         ids = tuple(ids)
+        digests = self._digests
         for trajectory_id in ids:
-            reported = self.reported.get(trajectory_id)
-            if reported is not None:
-                reported.message = None
+            handle = self._rows.pop(trajectory_id, None)
+            if handle is None:
+                continue
+            number, row = handle >> _BLOCK_SHIFT, handle & ((1 << _BLOCK_SHIFT) - 1)
+            block = self._blocks[number]
+            if trajectory_id not in digests:
+                digests[trajectory_id] = fingerprint(block.columns.canonical_message(row))
+            block.live -= 1
+            if not block.live:
+                del self._blocks[number]
         freed = self.index.release(ids)
         for key in freed:
             self.pending_deletes[key] = None
@@ -392,17 +536,54 @@ class AdmissionLedger:
 
     # -- derived views ---------------------------------------------------------------------------------
 
-    def plan(self, minibatch: MiniBatch) -> Plan:
+    def is_reported(self, trajectory_id: TrajectoryId) -> bool:
+        return trajectory_id in self._rows or trajectory_id in self._digests
+
+    def _locate(self, trajectory_id: TrajectoryId) -> tuple[_Block, int]:
+        handle = self._rows[trajectory_id]
+        return self._blocks[handle >> _BLOCK_SHIFT], handle & ((1 << _BLOCK_SHIFT) - 1)
+
+    def row_summary(self, trajectory_id: TrajectoryId) -> tuple[str, str, int]:
+        """A live trajectory's source, sample id and oldest version."""
+        block, row = self._locate(trajectory_id)
+        columns = block.columns
+        return columns.sources[row], columns.sample_ids[row], block.oldest[row]
+
+    def _digest(self, trajectory_id: TrajectoryId) -> bytes:
+        digest = self._digests.get(trajectory_id)
+        if digest is None:
+            block, row = self._locate(trajectory_id)
+            digest = self._digests[trajectory_id] = fingerprint(block.columns.canonical_message(row))
+        return digest
+
+    def dispatch(self, minibatch: MiniBatch) -> MiniBatchDispatch:
         """The mini-batch's plan: a pure function of its metadata and the topology, so never journaled."""
-        if minibatch.plan is None:
-            metas = []
-            for trajectory_id in minibatch.trajectory_ids:
-                message = self.reported[trajectory_id].message
-                if message is None:
-                    raise FailedPrecondition(f"mini-batch {minibatch.sequence} is already released")
-                metas.append(trusted_trajectory_from_proto(message))  # validated at ingest
-            minibatch.plan = plan_minibatch(metas, self.settings.topology, label_fields=self.settings.label_fields)
-        return minibatch.plan
+        if minibatch.dispatch is None:
+            if any(trajectory_id not in self._rows for trajectory_id in minibatch.trajectory_ids):
+                raise FailedPrecondition(f"mini-batch {minibatch.sequence} is already released")
+            minibatch.dispatch = self.plan_dispatch(minibatch.trajectory_ids)
+        return minibatch.dispatch
+
+    def plan_dispatch(self, trajectory_ids: Sequence[TrajectoryId]) -> MiniBatchDispatch:
+        """The plan of a mini-batch of these live trajectories; it reads their metadata and changes nothing, so
+        the servicer may compute it while the admission's journal record is being written."""
+        located = []
+        for trajectory_id in trajectory_ids:
+            block, row = self._locate(trajectory_id)
+            located.append((block.columns, row))
+        return MiniBatchDispatch(gather_rows(located), self.settings.topology, self.settings.label_fields)
+
+    def assignment(
+        self, minibatch: MiniBatch, consumer: ConsumerId
+    ) -> admission_service_pb2.WatchAssignmentsResponse:
+        """What ``consumer``'s stream carries for ``minibatch``."""
+        dispatch = self.dispatch(minibatch)
+        return admission_service_pb2.WatchAssignmentsResponse(
+            sequence=minibatch.sequence,
+            admission=minibatch.admission,
+            global_loss_tokens=dispatch.minibatch_loss_tokens,
+            assignment=dispatch.assignment_fields(consumer),
+        )
 
     def pending_after(self, after: int) -> list[MiniBatch]:
         """The mini-batches with sequence above ``after``, in order (every consumer gets every one)."""

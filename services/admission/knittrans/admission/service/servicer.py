@@ -8,6 +8,7 @@ queue unit deletions, update metrics). After every input the engine is asked for
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,7 +17,7 @@ from grpc import aio
 
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Drop, Wait
 from knittrans.admission.service.journal import Journal
-from knittrans.admission.service.ledger import AdmissionLedger, Applied, MiniBatch, blocking_to_proto
+from knittrans.admission.service.ledger import AdmissionLedger, Applied, Classified, MiniBatch, blocking_to_proto
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.types import ConsumerId
@@ -27,6 +28,23 @@ from knittrans.wire import consumer_from_proto, topology_to_proto, within
 logger = logging.getLogger(__name__)
 
 _STAGES = (pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
+YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
+_OUTCOME_NAMES = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
+                  pb.REPORT_OUTCOME_CONFLICT: "conflict"}
+
+
+def collect_young_objects() -> None:
+    """Collect the young generation now if it has grown: a report leaves thousands of new objects (the ledger's
+    entries), and collecting them at the end of the call, once its assignments went out, keeps the pause off the
+    report-to-assignment path (see app.tune_garbage_collector). Older generations are collected here too, as
+    often as the collector's thresholds ask for relative to young collections."""
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    if counts[0] < YOUNG_COLLECTION:
+        return
+    generation = 0
+    if counts[1] + 1 >= thresholds[1]:
+        generation = 2 if counts[2] + 1 >= thresholds[2] else 1
+    gc.collect(generation)
 
 
 def _consumer(message, field: str) -> ConsumerId:
@@ -101,15 +119,46 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def _commit(self, record: journal_pb2.JournalRecord) -> Applied:
         await self._journal.append(record)
         applied = self._ledger.apply(record)
-        await self._after(applied, record)
+        await self._after(applied, record.at)
         return applied
 
-    async def _after(self, applied: Applied, record: journal_pb2.JournalRecord) -> None:
+    async def _commit_admission(self, record: journal_pb2.JournalRecord, admit: Admit) -> Applied:
+        """Commit an admission, planning its mini-batch while the journal writes the record: the plan reads only
+        the metadata, and the assignments are dispatched only once the record is durable and applied."""
+        writing = asyncio.ensure_future(self._journal.append(record))
+        await asyncio.sleep(0)  # let the write go out before planning takes the loop
+        try:
+            dispatch = self._ledger.plan_dispatch(admit.trajectory_ids)
+        except Exception:  # planning ahead must not stop the commit: the streams plan again and report the error
+            logger.debug("planning mini-batch ahead of its commit failed", exc_info=True)
+            dispatch = None
+        await writing
+        applied = self._ledger.apply(record)
+        if applied.admitted is not None and dispatch is not None:
+            applied.admitted.dispatch = dispatch
+        await self._after(applied, record.at)
+        return applied
+
+    async def _commit_report(self, classified: Classified) -> Applied:
+        at = self._clock()
+        if self._journal.keeps_records:
+            record = classified.record(at)
+            await self._journal.append(record)
+            applied = self._ledger.apply(record, classified)
+        else:  # nothing would keep the record: apply the report without building it
+            applied = self._ledger.apply_report(at, classified)
+        await self._after(applied, at)
+        return applied
+
+    async def _after(self, applied: Applied, at: float) -> None:
         metrics = self._metrics
         if applied.admitted is not None:
-            self._on_admitted(applied.admitted, record.at)
             async with self._published:
                 self._published.notify_all()
+            # Let the woken assignment streams build and send before this call goes on (its metrics, its next
+            # decision, its response): report-to-assignment latency is what the consumers wait on.
+            await asyncio.sleep(0)
+            self._on_admitted(applied.admitted, at)
         if applied.dropped:
             metrics.dropped.labels(applied.drop_reason.value).inc(len(applied.dropped))
         for key in applied.freed_keys:
@@ -125,13 +174,13 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         if previous is not None:
             metrics.wait_seconds.observe(max(0.0, at - previous))
         self._last_admission_at = at
+        by_source: dict[str, int] = {}
         for trajectory_id in minibatch.trajectory_ids:
-            message = self._ledger.reported[trajectory_id].message
-            if message is None:
-                continue
-            metrics.admitted_trajectories.labels(message.source).inc()
-            oldest = min(s.version for s in message.segments)
+            source, _, oldest = self._ledger.row_summary(trajectory_id)
+            by_source[source] = by_source.get(source, 0) + 1
             metrics.staleness.observe(admission.train_version - oldest)
+        for source, count in by_source.items():
+            metrics.admitted_trajectories.labels(source).inc(count)
         logger.info(
             "admitted mini-batch %d/%d of train batch %d (%d trajectories, sequence %d)",
             admission.minibatch_index + 1, admission.num_minibatches, admission.train_batch_index,
@@ -152,7 +201,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             self._failure = ""
             record = self._ledger.record_for(decision, now)
             if record is not None:
-                applied = await self._commit(record)
+                if isinstance(decision, Admit) and self._journal.keeps_records:
+                    applied = await self._commit_admission(record, decision)
+                else:
+                    applied = await self._commit(record)
                 if applied.changed_blocking:
                     logger.info("admission waiting: %s (%s)", decision.reason, getattr(decision, "detail", ""))
             if isinstance(decision, Wait):
@@ -183,26 +235,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             try:
                 classified = self._ledger.classify(request)
             except InvalidArgument:
-                self._metrics.reports.labels("invalid").inc(len(request.trajectories))
+                count = len(request.batch.trajectory_ids) if request.HasField("batch") else len(request.trajectories)
+                self._metrics.reports.labels("invalid").inc(count)
                 raise
-            if classified.accepted:
-                record = journal_pb2.JournalRecord(
-                    at=self._clock(),
-                    report=pb.ReportTrajectoriesRequest(
-                        request_id=request.request_id, trajectories=classified.accepted
-                    ),
-                )
-                await self._commit(record)
+            if classified.accepted_rows:
+                await self._commit_report(classified)
             await self._admit_until_wait()
-        counts = {"accepted": 0, "duplicate": 0, "conflict": 0}
-        names = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
-                 pb.REPORT_OUTCOME_CONFLICT: "conflict"}
-        for result in classified.results:
-            counts[names[result.outcome]] += 1
-        for outcome, count in counts.items():
-            if count:
-                self._metrics.reports.labels(outcome).inc(count)
-        return pb.ReportTrajectoriesResponse(results=classified.results)
+        for outcome, count in classified.counts().items():
+            self._metrics.reports.labels(_OUTCOME_NAMES[outcome]).inc(count)
+        collect_young_objects()  # before answering: the reporter's next call then finds no collection under way
+        return classified.response()
 
     async def ReportScheduled(self, request: pb.ReportScheduledRequest, context: aio.ServicerContext):
         if request.count > 10_000_000:
@@ -242,14 +284,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 after = minibatch.sequence
 
     def _assignment(self, minibatch: MiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
-        plan = self._ledger.plan(minibatch)
-        part = plan.for_consumer(consumer)
-        return pb.WatchAssignmentsResponse(
-            sequence=minibatch.sequence,
-            admission=minibatch.admission,
-            global_loss_tokens=part.minibatch_loss_tokens,
-            assignment=part.to_proto(),
-        )
+        return self._ledger.assignment(minibatch, consumer)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
         consumer = _consumer(request.consumer, "consumer")
