@@ -33,8 +33,7 @@ sysdeps:
 	fi
 
 demo: sysdeps venv
-	$(VENV)/bin/knittrans replay --trace examples/traces/skewed-4src.jsonl --config examples/replay/skewed-4src.yaml \
-	  --policy all --json demo-out/replay.json --plot demo-out/replay.png
+	$(VENV)/bin/knittrans demo
 
 test: sysdeps venv
 	$(PY) -m pytest -q

@@ -35,10 +35,10 @@ class DemoSettings:
     group_size: int = 4
     train_batch_size: int = 32  # trajectories; a multiple of 4 sources × group_size keeps the quarter quotas exact
     num_minibatches: int = 4
-    train_batches: int = 6
+    train_batches: int = 8
     rollout_workers: int = 2
     rollout_concurrency: int = 6
-    time_scale: float = 0.25  # multiplies the workload's per-source rollout durations
+    time_scale: float = 1.0  # multiplies the workload's per-source rollout durations
     max_tokens_per_microbatch: int = 192
     learning_rate: float = 1e-2
     seed: int = 0
