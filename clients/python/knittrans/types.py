@@ -22,7 +22,7 @@ UnitKey = NewType("UnitKey", str)
 RequestId = NewType("RequestId", str)
 
 MAX_ID_LENGTH = 256
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@/+=-]+$")
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@/+=-]+\Z")  # \Z: "$" would let a trailing newline through
 
 
 def check_id(value: str, field_name: str) -> None:
@@ -242,6 +242,8 @@ class MultimodalRef:
             raise InvalidArgument(f"must be a positive finite number, got {self.cost!r}", field="cost")
         if self.kind not in (UnitKind.IMAGE, UnitKind.VIDEO):
             raise InvalidArgument("must be image or video", field="kind")
+        if not self.placeholder.length:
+            raise InvalidArgument("must hold at least one placeholder token", field="placeholder")
 
 
 @dataclass(frozen=True, kw_only=True)

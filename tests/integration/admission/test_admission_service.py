@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from dataclasses import replace
 
 import pytest
 
@@ -216,3 +217,21 @@ async def test_metrics_are_exported(service) -> None:
     assert "knittrans_admission_staleness_versions_count 4.0" in text
     assert 'knittrans_rpc_latency_seconds_count{method="ReportTrajectories"' in text
 
+
+
+async def test_references_that_disagree_on_a_shared_input_are_rejected(service) -> None:
+    """Siblings must describe their shared image the same way, or the mini-batch could never be planned."""
+
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(0, sample=0, images=1)])
+            sibling = make_meta(1, sample=0, images=1, tokens=100)
+            disagreeing = replace(sibling, multimodal=(replace(sibling.multimodal[0], cost=99.0),))
+            for columnar in (True, False):
+                with pytest.raises(InvalidArgument) as info:
+                    client.report([make_meta(2, sample=5), disagreeing], columnar=columnar)
+                assert info.value.field == "trajectories[1].multimodal[0]"
+            assert client.report([sibling])[0].outcome is ReportOutcome.ACCEPTED
+            assert client.status().pool_size == 2
+
+    await run(scenario)

@@ -155,7 +155,6 @@ MUTATIONS = {
     "bad sample id": lambda m: setattr(m, "sample_id", "a b"),
     "long id": lambda m: setattr(m, "trajectory_id", "x" * 257),
     "newline id": lambda m: setattr(m, "trajectory_id", "t\nq"),
-    # types._ID_PATTERN ends in `$`, which also matches before a final newline: both forms agree with it.
     "trailing newline id": lambda m: setattr(m, "sample_id", m.sample_id + "\n"),
     "unicode id": lambda m: setattr(m, "trajectory_id", "tä"),
     "unknown source": lambda m: setattr(m, "source", "Z"),
@@ -193,6 +192,7 @@ MUTATIONS = {
     "nan cost": lambda m: setattr(m.multimodal[0], "cost", float("nan")),
     "placeholder": lambda m: setattr(m.multimodal[0].placeholder, "end", 11),
     "placeholder order": lambda m: setattr(m.multimodal[0].placeholder, "start", 5),
+    "empty placeholder": lambda m: setattr(m.multimodal[0].placeholder, "end", m.multimodal[0].placeholder.start),
     "mm kind": lambda m: setattr(m.multimodal[0], "kind", trajectory_pb2.UNIT_KIND_FIELD),
     "mm header": lambda m: setattr(m.multimodal[1].header, "byte_length", 5),
     "finished": lambda m: setattr(m, "finished_at", float("inf")),

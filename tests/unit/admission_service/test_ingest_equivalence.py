@@ -50,6 +50,8 @@ MUTATIONS = {
     "cost": lambda m: setattr(m.multimodal[0], "cost", -1.0),
     "placeholder": lambda m: setattr(m.multimodal[0].placeholder, "end", 11),
     "placeholder order": lambda m: setattr(m.multimodal[0].placeholder, "start", 5),
+    "empty placeholder": lambda m: setattr(m.multimodal[0].placeholder, "end", 1),
+    "trailing newline id": lambda m: setattr(m, "trajectory_id", "t1\n"),
     "mm kind": lambda m: setattr(m.multimodal[0], "kind", trajectory_pb2.UNIT_KIND_FIELD),
 }
 

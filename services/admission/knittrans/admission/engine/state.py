@@ -6,6 +6,7 @@ The state is a deterministic function of the sequence of calls made on it (``add
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from knittrans.admission.engine.completion import CompletionTracker
@@ -292,6 +293,37 @@ class AdmissionState:
             self._apply_drop(decision)
         else:
             raise InvalidArgument(f"not a decision: {decision!r}", field="decision")
+
+    def first_rejected_addition(
+        self, sample_ids: Sequence[str], sources: Sequence[str]
+    ) -> tuple[int, str, str] | None:
+        """Pure: the first of these new trajectories (in order) that :meth:`add` would reject for its group, as
+        (index, field, reason), or None. Lets a caller refuse a report before journaling it."""
+        if not self._grouped:
+            return None
+        reported: dict[str, int] = {}
+        group_source: dict[str, int] = {}
+        for i, (sample_id, source) in enumerate(zip(sample_ids, sources, strict=True)):
+            if sample_id in self._closed_samples:
+                return i, "sample_id", f"sample {sample_id!r} already has all its trajectories"
+            source_index = self._source_index.get(SourceName(source))
+            if source_index is None:
+                return i, "source", f"unknown source {source!r}"
+            pending = self._groups.get(SampleId(sample_id))
+            first = group_source.setdefault(sample_id, pending.source if pending is not None else source_index)
+            if first != source_index:
+                mixed = f"{self.plan.sources[first]!r} and {source!r}"
+                return i, "source", f"sample {sample_id!r} has trajectories from {mixed}"
+            if pending is not None:
+                size = pending.size
+            else:
+                size = self._group_sizes.get(SampleId(sample_id), self.plan.group_size)
+            if size is None:
+                return i, "sample_id", f"the size of group {sample_id!r} is unknown: set group_size"
+            count = reported[sample_id] = reported.get(sample_id, pending.reported if pending is not None else 0) + 1
+            if count > size:
+                return i, "sample_id", f"sample {sample_id!r} already has all its {size} trajectories"
+        return None
 
     # -- transitions -----------------------------------------------------------------------------------
 

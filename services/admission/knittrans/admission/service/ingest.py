@@ -190,6 +190,10 @@ def check_trajectory(
             raise InvalidArgument(
                 f"end {end} is before start {start}", field=f"{field}.multimodal[{i}].placeholder.end"
             )
+        if end == start:
+            raise InvalidArgument(
+                "must hold at least one placeholder token", field=f"{field}.multimodal[{i}].placeholder"
+            )
         if end > num_tokens:
             raise InvalidArgument("placeholder lies outside the sequence", field=f"{field}.multimodal[{i}].placeholder")
         if ref.HasField("header"):
@@ -390,7 +394,7 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
     costs = columns.multimodal_costs
     starts, ends = columns.placeholder_starts, columns.placeholder_ends
     flag_parts(refs, ~((costs > 0) & np.isfinite(costs)) | ~np.isin(columns.multimodal_kinds, _MEDIA_KIND_NUMBERS)
-               | (ends < starts) | (ends > num_tokens[refs]))
+               | (ends <= starts) | (ends > num_tokens[refs]))
     with_header = columns.multimodal_header_index >= 0
     if with_header.any():
         flag_parts(refs[with_header], _header_flags(columns.multimodal_headers)[0])

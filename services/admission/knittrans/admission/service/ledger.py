@@ -115,6 +115,7 @@ class Classified:
     accepted_rows: list[int]
     oldest: list[int]
     index_entries: CheckedEntries | None  # the accepted trajectories' keys, checked against the index
+    media: dict[str, tuple] | None = None  # signatures of multimodal inputs first seen in this report
 
     def record(self, at: float) -> journal_pb2.JournalRecord | None:
         """The journal record of the new trajectories, in the form they came in; None if there are none."""
@@ -185,6 +186,8 @@ class AdmissionLedger:
         self._blocks: dict[int, _Block] = {}
         self._next_block = 0
         self._digests: dict[TrajectoryId, bytes] = {}
+        # Multimodal input key -> how its references describe it, while any trajectory holds the input.
+        self._media: dict[str, tuple] = {}
         self.index = UnitIndex()
         self.minibatches: dict[int, MiniBatch] = {}
         self.next_sequence = 1
@@ -226,7 +229,9 @@ class AdmissionLedger:
                     outcomes[i] = _DUPLICATE if same else _CONFLICT
                 else:
                     accepted.append(i)
+        self._check_groups(columns, accepted)
         checked = self._check_keys(columns, accepted)
+        media = self._check_media(columns, accepted)
         return Classified(
             request_id=request.request_id,
             columns=columns,
@@ -235,6 +240,7 @@ class AdmissionLedger:
             accepted_rows=accepted,
             oldest=oldest_versions(columns),
             index_entries=checked,
+            media=media,
         )
 
     def _check_keys(self, columns: TrajectoryColumns, rows: list[int]) -> CheckedEntries | None:
@@ -266,6 +272,47 @@ class AdmissionLedger:
         if not checked.in_bulk:
             self._check_keys_in_order(columns, rows)
         return checked
+
+    def _check_groups(self, columns: TrajectoryColumns, rows: list[int]) -> None:
+        """With group admission, refuse a trajectory its group cannot take before anything is journaled."""
+        rejected = self.engine.first_rejected_addition(
+            [columns.sample_ids[i] for i in rows], [columns.sources[i] for i in rows]
+        )
+        if rejected is not None:
+            index, field, reason = rejected
+            raise InvalidArgument(reason, field=f"trajectories[{rows[index]}].{field}")
+
+    def _check_media(self, columns: TrajectoryColumns, rows: list[int]) -> dict[str, tuple]:
+        """Every reference to one multimodal input must describe it the same way (encoder, cost, placeholder
+        length, kind, content hash), within the report and against the inputs already held; otherwise the
+        mini-batch could never be planned. Returns the signatures of inputs this report adds."""
+        offsets = columns.multimodal_offsets.tolist()
+        if not rows or offsets[-1] == 0:
+            return {}
+        hashes = columns.multimodal_headers.content_hashes
+        header_index = columns.multimodal_header_index.tolist()
+        signatures = list(zip(
+            (columns.encoders[e] for e in columns.multimodal_encoder_indices.tolist()),
+            columns.multimodal_costs.tolist(),
+            (columns.placeholder_ends - columns.placeholder_starts).tolist(),
+            columns.multimodal_kinds.tolist(),
+            (hashes[h] if h >= 0 else None for h in header_index),
+            strict=True,
+        ))
+        keys = columns.multimodal_keys
+        held = self._media
+        added: dict[str, tuple] = {}
+        for i in rows:
+            for r in range(offsets[i], offsets[i + 1]):
+                key, signature = keys[r], signatures[r]
+                known = held.get(key) or added.setdefault(key, signature)
+                if known != signature:
+                    raise InvalidArgument(
+                        "describes a multimodal input differently from an earlier reference to the same key "
+                        f"(encoder, cost, placeholder length, kind, content hash): {signature} != {known}",
+                        field=f"trajectories[{i}].multimodal[{r - offsets[i]}]",
+                    )
+        return {key: signature for key, signature in added.items() if key not in held}
 
     def _check_keys_in_order(self, columns: TrajectoryColumns, rows: list[int]) -> None:
         owner_of = self.index.owner
@@ -352,12 +399,15 @@ class AdmissionLedger:
     def apply_report(self, at: float, prepared: Classified) -> Applied:
         """Apply a classified report without building its record: what applying ``prepared.record(at)`` does
         (for a journal that keeps nothing)."""
-        return self._add_rows(at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries)
+        return self._add_rows(
+            at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries, prepared.media
+        )
 
     def _apply_report(self, record: journal_pb2.JournalRecord, prepared: Classified | None) -> Applied:
         if prepared is not None:
             return self._add_rows(
-                record.at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries
+                record.at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries,
+                prepared.media,
             )
         # Recovery: the record was validated when it was journaled; the version check no longer applies.
         report = record.report
@@ -377,11 +427,15 @@ class AdmissionLedger:
         rows: list[int],
         oldest: list[int],
         checked: CheckedEntries | None = None,
+        media: dict[str, tuple] | None = None,
     ) -> Applied:
         if not rows:
             return Applied()
         if checked is None:  # recovery: check against the index as it is now
             checked = self._check_keys(columns, rows)
+        if media is None:
+            media = self._check_media(columns, rows)
+        self._media.update(media)
         number = self._next_block
         self._next_block += 1
         self._blocks[number] = _Block(columns, len(rows), oldest)
@@ -526,6 +580,7 @@ class AdmissionLedger:
         freed = self.index.release(ids)
         for key in freed:
             self.pending_deletes[key] = None
+            self._media.pop(key, None)
         return freed
 
     def _forget_finished(self) -> None:
