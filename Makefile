@@ -38,8 +38,11 @@ demo: sysdeps venv
 test: sysdeps venv
 	$(PY) -m pytest -q
 
+# Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result.
+BENCHMARKS := admission_engine planner simulate store admission_service encoder_dedup transfer
 bench: sysdeps venv
-	@set -e; for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
+	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done
 
 proto: venv
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \

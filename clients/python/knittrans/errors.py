@@ -1,14 +1,13 @@
 """The one error hierarchy of KnitTrans.
 
-Every class carries the gRPC status code it maps to, so the server boundary translates an exception
-into a status with one lookup and the client maps the status back to the same class.
+Every class carries the name of the gRPC status code it maps to, so the server boundary translates an
+exception into a status with one lookup and the client maps the status back to the same class. Names, not
+``grpc.StatusCode`` values, keep this module (which the pure cores import) free of grpc.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
-
-import grpc
 
 # The trailing-metadata key that carries the offending field of an InvalidArgument across the wire.
 FIELD_TRAILER = "knittrans-field"
@@ -17,7 +16,7 @@ FIELD_TRAILER = "knittrans-field"
 class KnitTransError(Exception):
     """Base of every error KnitTrans raises on purpose."""
 
-    status_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+    status_code: ClassVar[str] = "INTERNAL"
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         self.field = field
@@ -28,7 +27,7 @@ class KnitTransError(Exception):
 class InvalidArgument(KnitTransError, ValueError):
     """Bad input. `field` names the offending field, e.g. ``trajectories[3].num_tokens``."""
 
-    status_code = grpc.StatusCode.INVALID_ARGUMENT
+    status_code = "INVALID_ARGUMENT"
 
 
 class ConfigError(InvalidArgument):
@@ -40,17 +39,17 @@ class TraceFormatError(InvalidArgument):
 
 
 class FailedPrecondition(KnitTransError):
-    status_code = grpc.StatusCode.FAILED_PRECONDITION
+    status_code = "FAILED_PRECONDITION"
 
 
 class Conflict(KnitTransError):
     """Same identity, different content (a rewrite of a write-once key or trajectory)."""
 
-    status_code = grpc.StatusCode.ALREADY_EXISTS
+    status_code = "ALREADY_EXISTS"
 
 
 class NotFound(KnitTransError):
-    status_code = grpc.StatusCode.NOT_FOUND
+    status_code = "NOT_FOUND"
 
 
 class UnitNotFound(NotFound):
@@ -60,29 +59,29 @@ class UnitNotFound(NotFound):
 class StoreError(KnitTransError):
     """The unit store failed in a way that retrying later may fix."""
 
-    status_code = grpc.StatusCode.UNAVAILABLE
+    status_code = "UNAVAILABLE"
 
 
 class StoreFullError(StoreError):
-    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    status_code = "RESOURCE_EXHAUSTED"
 
 
 class Unavailable(KnitTransError):
     """A peer (service, sidecar) cannot be reached."""
 
-    status_code = grpc.StatusCode.UNAVAILABLE
+    status_code = "UNAVAILABLE"
 
 
 class DeadlineExceeded(KnitTransError):
-    status_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    status_code = "DEADLINE_EXCEEDED"
 
 
 class Unauthenticated(KnitTransError):
-    status_code = grpc.StatusCode.UNAUTHENTICATED
+    status_code = "UNAUTHENTICATED"
 
 
 class ResourceExhausted(KnitTransError):
-    status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    status_code = "RESOURCE_EXHAUSTED"
 
 
 class StarvationError(FailedPrecondition):
@@ -90,22 +89,22 @@ class StarvationError(FailedPrecondition):
 
 
 class Aborted(KnitTransError):
-    status_code = grpc.StatusCode.ABORTED
+    status_code = "ABORTED"
 
 
-_BY_STATUS: dict[grpc.StatusCode, type[KnitTransError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.ALREADY_EXISTS: Conflict,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.ABORTED: Aborted,
+_BY_STATUS: dict[str, type[KnitTransError]] = {
+    "INVALID_ARGUMENT": InvalidArgument,
+    "FAILED_PRECONDITION": FailedPrecondition,
+    "ALREADY_EXISTS": Conflict,
+    "NOT_FOUND": NotFound,
+    "UNAVAILABLE": Unavailable,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
+    "UNAUTHENTICATED": Unauthenticated,
+    "RESOURCE_EXHAUSTED": ResourceExhausted,
+    "ABORTED": Aborted,
 }
 
 
-def error_class_for_status(code: grpc.StatusCode) -> type[KnitTransError]:
-    """The client-side mapping from a status code back to the hierarchy."""
-    return _BY_STATUS.get(code, KnitTransError)
+def error_class_for_status(code_name: str) -> type[KnitTransError]:
+    """The client-side mapping from a status code's name (``grpc.StatusCode.X.name``) back to the hierarchy."""
+    return _BY_STATUS.get(code_name, KnitTransError)

@@ -6,13 +6,14 @@ from datetime import timedelta
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
+
 from knittrans.client.connection import ConnectionSettings, call, open_channel
 from knittrans.errors import InvalidArgument, Unauthenticated
 from knittrans.serving.server import start_server
 from knittrans.serving.settings import AuthSettings, ServerSettings
 from knittrans.types import ConsumerId
 from knittrans.v1 import topology_pb2
-from prometheus_client import CollectorRegistry
 
 SERVICE = "test.Echo"
 METHOD = f"/{SERVICE}/Check"
@@ -62,7 +63,8 @@ async def test_token_health_errors_and_metrics(running) -> None:
             # Kubernetes probes call the health service without credentials.
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-        no_token, bad_token = ConnectionSettings(target=running.address), ConnectionSettings(target=running.address, token="x")
+        no_token = ConnectionSettings(target=running.address)
+        bad_token = ConnectionSettings(target=running.address, token="x")
         for wrong in (no_token, bad_token):
             with open_channel(wrong) as channel, pytest.raises(Unauthenticated):
                 call(stub(channel), topology_pb2.ConsumerId(role="backbone"), deadline=timedelta(seconds=5),

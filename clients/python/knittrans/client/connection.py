@@ -127,7 +127,7 @@ def error_from_rpc(error: grpc.RpcError) -> KnitTransError:
     message = details or code.name
     if field_name and message.startswith(f"{field_name}: "):
         message = message[len(field_name) + 2 :]
-    return error_class_for_status(code)(message, field=field_name)
+    return error_class_for_status(code.name)(message, field=field_name)
 
 
 def call(rpc: Callable[..., Response], request: Any, *, deadline: timedelta, metadata: tuple = ()) -> Response:

@@ -78,9 +78,10 @@ def _wrap(
         if isinstance(exc, KnitTransError):
             trailer = ((FIELD_TRAILER, exc.field),) if exc.field else ()
             context.set_trailing_metadata(trailer)
-            context.set_code(exc.status_code)
+            code = grpc.StatusCode[exc.status_code]
+            context.set_code(code)
             context.set_details(str(exc))
-            return exc.status_code
+            return code
         logger.exception("unhandled error in %s", method)
         context.set_code(grpc.StatusCode.INTERNAL)
         context.set_details("internal error; see the server log")

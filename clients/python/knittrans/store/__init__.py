@@ -1,21 +1,28 @@
 """Atomic-unit storage (DESIGN.md §5): the ``UnitStore`` protocol, its backends and the hierarchical index.
 
-Backends import their heavy dependencies (Mooncake, Ray) only when opened.
+Names are loaded on first use, so pure modules can import ``knittrans.store.arrays`` or ``.index`` without the
+backends and the config loader; backends import their heavy dependencies (Mooncake, Ray) only when opened.
 """
 
-from knittrans.store.factory import open_store, parse_store_url
-from knittrans.store.index import IndexEntry, UnitIndex
-from knittrans.store.protocol import PutResult, ReadStats, ReadStatsSnapshot, UnitRead, UnitStore, UnitWrite
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "IndexEntry",
-    "PutResult",
-    "ReadStats",
-    "ReadStatsSnapshot",
-    "UnitIndex",
-    "UnitRead",
-    "UnitStore",
-    "UnitWrite",
-    "open_store",
-    "parse_store_url",
-]
+_EXPORTS = {
+    "open_store": "knittrans.store.factory",
+    "parse_store_url": "knittrans.store.factory",
+    "IndexEntry": "knittrans.store.index",
+    "UnitIndex": "knittrans.store.index",
+    "PutResult": "knittrans.store.protocol",
+    "ReadStats": "knittrans.store.protocol",
+    "ReadStatsSnapshot": "knittrans.store.protocol",
+    "UnitRead": "knittrans.store.protocol",
+    "UnitStore": "knittrans.store.protocol",
+    "UnitWrite": "knittrans.store.protocol",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'knittrans.store' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)
