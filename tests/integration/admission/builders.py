@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from knittrans.admission.engine import EngineConfig
 from knittrans.admission.service.settings import AdmissionServiceSettings
 from knittrans.serving.settings import AuthSettings, MetricsSettings, ServerSettings
@@ -15,30 +13,15 @@ from knittrans.types import (
     TokenSpan,
     Topology,
     TrajectoryMeta,
-    UnitHeader,
-    UnitKind,
-    UnitRef,
     VersionSegment,
 )
+from tests.builders import token_unit
 
 SOURCES = {"A": 0.25, "B": 0.25}
 TOPOLOGY = Topology(
     backbone=BackboneTopology(dp=2, cp=2, max_tokens_per_microbatch=4096),
     encoders=(EncoderTopology(name="vision", dp=1, max_cost_per_microbatch=64),),
 )
-
-
-def digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def token_unit(trajectory_id: str, field: str, tokens: int, dtype: DType = DType.INT32, width: int = 1) -> UnitRef:
-    shape = (tokens,) if width == 1 else (tokens, width)
-    return UnitRef(
-        key=f"{trajectory_id}/{field}", field_name=field, kind=UnitKind.TOKEN_FIELD,
-        header=UnitHeader(dtype=dtype, shape=shape, byte_length=tokens * width * dtype.itemsize,
-                          content_hash=digest(f"{trajectory_id}{field}"), seq_axis=0),
-    )
 
 
 def make_meta(

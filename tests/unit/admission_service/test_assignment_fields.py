@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,17 +24,7 @@ from knittrans.types import (
     VersionSegment,
 )
 from knittrans.wire import trajectory_to_proto
-
-
-def digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def unit(trajectory_id: str, field: str, tokens: int, dtype: DType, width: int = 1) -> UnitRef:
-    shape = (tokens,) if width == 1 else (tokens, width)
-    return UnitRef(key=f"{trajectory_id}/{field}", field_name=field, kind=UnitKind.TOKEN_FIELD,
-                   header=UnitHeader(dtype=dtype, shape=shape, byte_length=tokens * width * dtype.itemsize,
-                                     content_hash=digest(trajectory_id + field), seq_axis=0))
+from tests.builders import digest, token_unit
 
 
 def meta(index: int, tokens: int, images: int, group: int) -> TrajectoryMeta:
@@ -55,9 +43,9 @@ def meta(index: int, tokens: int, images: int, group: int) -> TrajectoryMeta:
         trajectory_id=trajectory_id, sample_id=sample_id, source="AB"[index % 2], rollout_step=index,
         num_tokens=tokens, num_loss_tokens=tokens // 2, segments=(VersionSegment(version=0, num_tokens=tokens // 2),),
         units=(
-            unit(trajectory_id, "input_ids", tokens, DType.INT32),
-            unit(trajectory_id, "logprobs", tokens, DType.FLOAT32),
-            unit(trajectory_id, "routing", tokens, DType.UINT8, width=8),
+            token_unit(trajectory_id, "input_ids", tokens, DType.INT32),
+            token_unit(trajectory_id, "logprobs", tokens, DType.FLOAT32),
+            token_unit(trajectory_id, "routing", tokens, DType.UINT8, width=8),
             UnitRef(key=f"{trajectory_id}/stats", field_name="stats", kind=UnitKind.FIELD,
                     header=UnitHeader(dtype=DType.FLOAT64, shape=(3,), byte_length=24,
                                       content_hash=digest(trajectory_id))),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from hypothesis import strategies as st
 
 from knittrans.types import (
@@ -20,26 +18,7 @@ from knittrans.types import (
     UnitRef,
     VersionSegment,
 )
-
-
-def digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def token_unit(trajectory_id: str, field: str, tokens: int, dtype: DType = DType.INT32, width: int = 1) -> UnitRef:
-    shape = (tokens,) if width == 1 else (tokens, width)
-    return UnitRef(
-        key=f"{trajectory_id}/{field}",
-        field_name=field,
-        kind=UnitKind.TOKEN_FIELD,
-        header=UnitHeader(
-            dtype=dtype,
-            shape=shape,
-            byte_length=tokens * width * dtype.itemsize,
-            content_hash=digest(f"{trajectory_id}/{field}"),
-            seq_axis=0,
-        ),
-    )
+from tests.builders import digest, token_unit
 
 
 def scalar_unit(trajectory_id: str, field: str) -> UnitRef:
