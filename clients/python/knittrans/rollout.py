@@ -15,6 +15,13 @@ Splitting:
   the sample id and its content hash, stored once per sample however many trajectories share it (the
   store finds the key present and skips it).
 
+A trajectory relies on a multimodal unit from the moment its write finds the unit present, not from its
+report: were a sibling's release to delete the unit in between, the trajectory would be admitted without
+its image. So when the reporter can reserve units (:class:`UnitReserver`; the admission client and
+:class:`~knittrans.client.reporter.BatchingReporter` can), ``submit`` reserves a trajectory's multimodal
+units with the admission service before writing them, and the report takes the reservation over. A reporter
+that reports by other means must reserve the same way (the ``ReserveUnits`` RPC) before writing.
+
 Everything is validated before the first byte is written. If the store fails part-way, the units this
 call created are removed again (multimodal units excepted: a sibling trajectory may already reference
 them; they are released with their sample), so a failed submit can simply be retried.
@@ -28,7 +35,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -46,6 +53,7 @@ from knittrans.types import (
     UnitKey,
     UnitKind,
     UnitRef,
+    UnitReservation,
     VersionSegment,
     check_id,
 )
@@ -59,6 +67,15 @@ class MetadataReporter(Protocol):
     """Receives the metadata of stored trajectories (the admission client implements it)."""
 
     def report(self, trajectories: Sequence[TrajectoryMeta]) -> None: ...
+
+
+@runtime_checkable
+class UnitReserver(Protocol):
+    """Reserves shared units before they are written, and cancels reservations of failed submits."""
+
+    def reserve_units(self, reservations: Sequence[UnitReservation]) -> object: ...
+
+    def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> object: ...
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -174,8 +191,20 @@ class RolloutClient:
             if split.meta.trajectory_id in seen:
                 raise InvalidArgument("appears twice in one submit", field=f"trajectories[{index}].trajectory_id")
             seen.add(split.meta.trajectory_id)
-        self._write([w for split in splits for w in split.writes])
         metas = [split.meta for split in splits]
+        reservations = [r for r in map(UnitReservation.of, metas) if r is not None]
+        reserver = self._reporter if isinstance(self._reporter, UnitReserver) else None
+        if reservations and reserver is not None:
+            reserver.reserve_units(reservations)
+        try:
+            self._write([w for split in splits for w in split.writes])
+        except BaseException:
+            if reservations and reserver is not None:
+                try:
+                    reserver.cancel_reservations([r.trajectory_id for r in reservations])
+                except Exception:
+                    logger.exception("could not cancel the reservations of a failed submit")
+            raise
         if self._reporter is not None:
             self._reporter.report(metas)
         return metas

@@ -319,6 +319,33 @@ class TrajectoryMeta:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UnitReservation:
+    """The multimodal units a trajectory will reference once reported, reserved before its rollout writes
+    them (a sibling may have stored them already, and its release must not delete them in between)."""
+
+    trajectory_id: TrajectoryId
+    sample_id: SampleId
+    multimodal_keys: tuple[UnitKey, ...]
+
+    def __post_init__(self) -> None:
+        check_id(self.trajectory_id, "trajectory_id")
+        check_id(self.sample_id, "sample_id")
+        object.__setattr__(self, "multimodal_keys", tuple(dict.fromkeys(self.multimodal_keys)))
+        if not self.multimodal_keys:
+            raise InvalidArgument("reserves nothing", field="multimodal_keys")
+        for i, key in enumerate(self.multimodal_keys):
+            check_id(key, f"multimodal_keys[{i}]")
+
+    @classmethod
+    def of(cls, meta: TrajectoryMeta) -> UnitReservation | None:
+        """The reservation a trajectory's report needs, or None if it references no multimodal unit."""
+        if not meta.multimodal:
+            return None
+        return cls(trajectory_id=meta.trajectory_id, sample_id=meta.sample_id,
+                   multimodal_keys=tuple(ref.key for ref in meta.multimodal))
+
+
+@dataclass(frozen=True, kw_only=True)
 class CostModel:
     """Backbone work of a sequence of length L: ``linear·L + quadratic·L²`` (attention is quadratic)."""
 

@@ -29,7 +29,11 @@ from .builders import SOURCES, make_meta
 CONSUMER = ConsumerId(role="backbone", dp_rank=0, cp_rank=0)
 
 
-def write_config(path: Path, redis_url: str, *, train_batch_size: int = 8, num_minibatches: int = 4) -> Path:
+def write_config(path: Path, redis_url: str, *, train_batch_size: int = 8, num_minibatches: int = 4,
+                 vision_encoder: bool = False) -> Path:
+    topology: dict = {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 4096}}
+    if vision_encoder:
+        topology["encoders"] = [{"name": "vision", "dp": 1, "max_cost_per_microbatch": 64}]
     path.write_text(
         yaml.safe_dump(
             {
@@ -37,7 +41,7 @@ def write_config(path: Path, redis_url: str, *, train_batch_size: int = 8, num_m
                 "state": redis_url,
                 "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches,
                            "sources": SOURCES},
-                "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 4096}},
+                "topology": topology,
                 "server": {"port": 0, "metrics": {"port": -1}},
             }
         )
@@ -171,3 +175,28 @@ def test_bad_state_url_names_the_key(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "state" in result.stderr
 
+
+
+def test_reservations_survive_kill_9(tmp_path: Path, redis_server) -> None:
+    """A reservation is journaled like a report: after kill -9 the restarted service still holds it."""
+    from knittrans.errors import InvalidArgument
+    from knittrans.types import TrajectoryId, UnitReservation
+
+    config = write_config(tmp_path / "admission.yaml", redis_server.url, vision_encoder=True)
+    reservation = UnitReservation(trajectory_id="t9", sample_id="s9", multimodal_keys=("s9/img0",))
+    service = ServiceProcess(config, tmp_path)
+    with AdmissionClient(service.address) as client:
+        assert client.reserve_units([reservation]) == 1
+    service.kill()
+    service = ServiceProcess(config, tmp_path)
+    try:
+        with AdmissionClient(service.address) as client:
+            assert client.reserve_units([reservation]) == 0  # still held
+            other = UnitReservation(trajectory_id="t10", sample_id="s10", multimodal_keys=("s9/img0",))
+            with pytest.raises(InvalidArgument):  # s9's image is reserved by s9
+                client.reserve_units([other])
+            outcome = client.report([make_meta(9, images=1)])[0].outcome
+            assert outcome is ReportOutcome.ACCEPTED  # the report takes the reservation over
+            assert client.cancel_reservations([TrajectoryId("t9")]) == 0
+    finally:
+        service.kill()

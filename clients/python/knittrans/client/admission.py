@@ -19,7 +19,7 @@ from knittrans.client.connection import ConnectionSettings, call, call_with_retr
 from knittrans.errors import InvalidArgument
 from knittrans.plan import ConsumerAssignment
 from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
-from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta
+from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta, UnitReservation
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, trajectory_pb2
 from knittrans.wire import consumer_to_proto, topology_from_proto, trajectory_to_proto
@@ -170,6 +170,28 @@ class AdmissionClient:
                          reason=reasons.get(trajectory_id, "") if outcome == pb.REPORT_OUTCOME_CONFLICT else "")
             for trajectory_id, outcome in zip(request.batch.trajectory_ids, response.outcomes, strict=True)
         ]
+
+    def reserve_units(
+        self, reservations: Sequence[UnitReservation], *, request_id: str | None = None,
+        deadline: timedelta | None = None,
+    ) -> int:
+        """Reserve the multimodal units these trajectories will reference, before writing them (see
+        ``ReserveUnits`` in the proto); returns how many reservations were new."""
+        request = pb.ReserveUnitsRequest(request_id=request_id or new_request_id(), reservations=[
+            pb.UnitReservation(trajectory_id=r.trajectory_id, sample_id=r.sample_id,
+                               multimodal_keys=list(r.multimodal_keys))
+            for r in reservations
+        ])
+        return self._idempotent(self._stub.ReserveUnits, request, deadline).reserved
+
+    def cancel_reservations(
+        self, trajectory_ids: Sequence[TrajectoryId], *, request_id: str | None = None,
+        deadline: timedelta | None = None,
+    ) -> int:
+        """Drop the reservations of trajectories that will never be reported; returns how many were held."""
+        request = pb.CancelReservationsRequest(request_id=request_id or new_request_id(),
+                                               trajectory_ids=list(trajectory_ids))
+        return self._idempotent(self._stub.CancelReservations, request, deadline).cancelled
 
     def report_scheduled(
         self, rollout_step: int, count: int, *, request_id: str | None = None, deadline: timedelta | None = None

@@ -4,6 +4,8 @@ Rollout workers call :meth:`BatchingReporter.report` from any thread; reports ar
 ``max_batch`` trajectories, or after ``max_delay``, whichever comes first. Reports are idempotent by
 trajectory id, so a batch that failed on the wire is simply sent again. A batch the service rejects
 (invalid input, conflict) is not retried: the error is raised from the next ``report`` or ``flush``.
+Reservations of shared units (:meth:`BatchingReporter.reserve_units`) are not batched: the rollout needs
+them acknowledged before it writes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from datetime import timedelta
 
 from knittrans.client.admission import AdmissionClient, ReportOutcome
 from knittrans.errors import Conflict, KnitTransError
-from knittrans.types import TrajectoryMeta
+from knittrans.types import TrajectoryId, TrajectoryMeta, UnitReservation
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,12 @@ class BatchingReporter:
         self._condition = threading.Condition()
         self._sender = threading.Thread(target=self._run, name="knittrans-reporter", daemon=True)
         self._sender.start()
+
+    def reserve_units(self, reservations: Sequence[UnitReservation]) -> None:
+        self._client.reserve_units(reservations)
+
+    def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
+        self._client.cancel_reservations(trajectory_ids)
 
     def report(self, trajectories: Sequence[TrajectoryMeta]) -> None:
         with self._condition:

@@ -5,6 +5,11 @@ sample (its key is scoped by the sample id and embeds the content hash) and is c
 trajectory of that sample that consumes it. Scoping by sample means releasing one sample can never
 delete another sample's inputs.
 
+A trajectory that is written but not reported yet may already rely on a multimodal unit: its rollout
+skips writing a unit a sibling stored first. So that no release frees such a unit in between, the rollout
+reserves the keys before writing (:meth:`UnitIndex.reserve`). A reservation counts like a reference until
+the trajectory is indexed, which takes it over, or until it is cancelled.
+
 The index is deterministic and does no I/O. Its owner, the admission service, keeps it in journaled
 state and decides releases (DESIGN.md §2 step 7): :meth:`UnitIndex.release` returns the keys that just
 lost their last reference, and the owner deletes them from the store in batches (``delete_many``).
@@ -83,6 +88,8 @@ class UnitIndex:
         self._entries: dict[TrajectoryId, tuple[SampleId, tuple[UnitKey, ...], tuple[UnitKey, ...]]] = {}
         self._by_sample: dict[SampleId, dict[TrajectoryId, None]] = {}
         self._refcounts: dict[UnitKey, int] = {}  # of multimodal keys; a trajectory's own unit counts 1
+        # Trajectory not indexed yet -> (sample, multimodal keys it reserved); each key counts in _refcounts.
+        self._reservations: dict[TrajectoryId, tuple[SampleId, tuple[UnitKey, ...]]] = {}
         self._key_owner: dict[UnitKey, SampleId | TrajectoryId] = {}
         self._generation = 0  # counts changes, so checked entries know whether they are still checked
         for entry in entries:
@@ -116,6 +123,8 @@ class UnitIndex:
         for key in entry.multimodal_keys:
             self._key_owner[key] = entry.sample_id
             self._refcounts[key] = self._refcounts.get(key, 0) + 1
+        if self._reservations:
+            self._take_over_reservations((entry.trajectory_id,))
         return True
 
     def add_many(
@@ -198,6 +207,8 @@ class UnitIndex:
         refcounts = self._refcounts
         for key, uses in Counter(checked.flat_media).items():
             refcounts[key] = refcounts.get(key, 0) + uses
+        if self._reservations:
+            self._take_over_reservations(trajectory_ids)
         return len(trajectory_ids)
 
     def _check_sequentially(
@@ -254,15 +265,84 @@ class UnitIndex:
             for key in units:
                 del self._key_owner[key]
                 freed.append(key)
-            for key in media:
-                remaining = self._refcounts[key] - 1
-                if remaining:
-                    self._refcounts[key] = remaining
-                else:
-                    del self._refcounts[key]
-                    del self._key_owner[key]
-                    freed.append(key)
+            freed.extend(self._drop_references(media))
         return tuple(freed)
+
+    # -- reservations --------------------------------------------------------------------------------
+
+    def reserve(self, trajectory_id: TrajectoryId, sample_id: SampleId, keys: Sequence[UnitKey]) -> bool:
+        """Count ``keys`` (multimodal units of ``sample_id``) as referenced by a trajectory that is not indexed
+        yet. False when nothing changed: the trajectory is indexed already, or holds this very reservation.
+
+        Raises :class:`Conflict` for a different reservation under the same trajectory id, and
+        :class:`InvalidArgument` when a key belongs to another sample or is a trajectory's own unit."""
+        keys = tuple(dict.fromkeys(keys))
+        if not self.check_reservation(trajectory_id, sample_id, keys):
+            return False
+        self._generation += 1
+        self._reservations[trajectory_id] = (sample_id, keys)
+        for key in keys:
+            self._key_owner[key] = sample_id
+            self._refcounts[key] = self._refcounts.get(key, 0) + 1
+        return True
+
+    def check_reservation(self, trajectory_id: TrajectoryId, sample_id: SampleId, keys: Sequence[UnitKey]) -> bool:
+        """What :meth:`reserve` would raise, changing nothing; else whether it would change anything."""
+        keys = tuple(dict.fromkeys(keys))
+        if trajectory_id in self._entries:
+            return False
+        held = self._reservations.get(trajectory_id)
+        if held is not None:
+            if held != (sample_id, keys):
+                raise Conflict("already holds a different reservation", field=trajectory_id)
+            return False
+        for key in keys:
+            owner = self._key_owner.get(key)
+            if owner is not None and (owner != sample_id or key not in self._refcounts):
+                raise InvalidArgument(f"belongs to {owner!r}, not to sample {sample_id!r}", field=key)
+        return True
+
+    def reservation(self, trajectory_id: TrajectoryId) -> tuple[UnitKey, ...] | None:
+        """The keys a trajectory reserved, or None if it holds no reservation."""
+        held = self._reservations.get(trajectory_id)
+        return None if held is None else held[1]
+
+    @property
+    def has_reservations(self) -> bool:
+        return bool(self._reservations)
+
+    def cancel_reservations(self, trajectory_ids: Iterable[TrajectoryId]) -> tuple[UnitKey, ...]:
+        """Drop the reservations of trajectories that will never be indexed; returns the keys that lost their
+        last reference. Trajectories without a reservation are skipped."""
+        freed: list[UnitKey] = []
+        for trajectory_id in trajectory_ids:
+            held = self._reservations.pop(trajectory_id, None)
+            if held is not None:
+                self._generation += 1
+                freed.extend(self._drop_references(held[1]))
+        return tuple(freed)
+
+    def _take_over_reservations(self, trajectory_ids: Iterable[TrajectoryId]) -> None:
+        """A trajectory just indexed counts its multimodal keys itself, so its reservation no longer does. The
+        owner rejects a report whose keys differ from its reservation, so no count can reach zero here."""
+        for trajectory_id in trajectory_ids:
+            held = self._reservations.pop(trajectory_id, None)
+            if held is not None:
+                left_unreferenced = self._drop_references(held[1])
+                if left_unreferenced:
+                    raise AssertionError(f"reserved keys {left_unreferenced} were not reported by {trajectory_id}")
+
+    def _drop_references(self, keys: Iterable[UnitKey]) -> list[UnitKey]:
+        freed = []
+        for key in keys:
+            remaining = self._refcounts[key] - 1
+            if remaining:
+                self._refcounts[key] = remaining
+            else:
+                del self._refcounts[key]
+                del self._key_owner[key]
+                freed.append(key)
+        return freed
 
     def entry(self, trajectory_id: TrajectoryId) -> IndexEntry:
         try:

@@ -196,3 +196,41 @@ class GetStatusResponse(_message.Message):
     dropped_stale: int
     released_minibatches: int
     def __init__(self, sources: _Optional[_Iterable[_Union[SourceStatus, _Mapping]]] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., policy_version: _Optional[int] = ..., blocking_reason: _Optional[_Union[_admission_pb2.BlockingReason, str]] = ..., blocking_detail: _Optional[str] = ..., blocked_seconds: _Optional[float] = ..., pool_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ...) -> None: ...
+
+class UnitReservation(_message.Message):
+    __slots__ = ("trajectory_id", "sample_id", "multimodal_keys")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    MULTIMODAL_KEYS_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    sample_id: str
+    multimodal_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., multimodal_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReserveUnitsRequest(_message.Message):
+    __slots__ = ("request_id", "reservations")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    reservations: _containers.RepeatedCompositeFieldContainer[UnitReservation]
+    def __init__(self, request_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[UnitReservation, _Mapping]]] = ...) -> None: ...
+
+class ReserveUnitsResponse(_message.Message):
+    __slots__ = ("reserved",)
+    RESERVED_FIELD_NUMBER: _ClassVar[int]
+    reserved: int
+    def __init__(self, reserved: _Optional[int] = ...) -> None: ...
+
+class CancelReservationsRequest(_message.Message):
+    __slots__ = ("request_id", "trajectory_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., trajectory_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CancelReservationsResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: int
+    def __init__(self, cancelled: _Optional[int] = ...) -> None: ...

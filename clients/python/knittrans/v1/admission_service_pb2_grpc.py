@@ -71,6 +71,16 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.ReserveUnits = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/ReserveUnits',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReserveUnitsRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReserveUnitsResponse.FromString,
+                _registered_method=True)
+        self.CancelReservations = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/CancelReservations',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -136,6 +146,27 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReserveUnits(self, request, context):
+        """Reserves the multimodal units that trajectories are about to reference, before their rollout writes
+        them (or finds them already stored by a sibling and skips the write). A reserved unit counts as
+        referenced until the trajectory is reported (the report takes the reservation over) or the reservation
+        is cancelled, so no release can delete a shared unit between a sibling's write and its report. If a
+        reserved unit is being deleted right now, the call returns once the deletion is done, so the write that
+        follows stores it again. Idempotent by trajectory id; a reservation of a trajectory that was already
+        reported changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelReservations(self, request, context):
+        """Cancels the reservations of trajectories that will never be reported (their submit failed). Units that
+        nothing else references are then deleted. Unknown trajectory ids are skipped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +204,16 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.GetStatusRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'ReserveUnits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveUnits,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReserveUnitsRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReserveUnitsResponse.SerializeToString,
+            ),
+            'CancelReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelReservations,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -366,6 +407,60 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/GetStatus',
             knittrans_dot_v1_dot_admission__service__pb2.GetStatusRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveUnits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/ReserveUnits',
+            knittrans_dot_v1_dot_admission__service__pb2.ReserveUnitsRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.ReserveUnitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/CancelReservations',
+            knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

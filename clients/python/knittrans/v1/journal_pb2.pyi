@@ -15,7 +15,7 @@ class UnitsDeleted(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JournalRecord(_message.Message):
-    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait")
+    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait", "reserved", "reservations_cancelled")
     AT_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class JournalRecord(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
     at: float
     report: _admission_service_pb2.ReportTrajectoriesRequest
     scheduled: _admission_service_pb2.ReportScheduledRequest
@@ -34,4 +36,6 @@ class JournalRecord(_message.Message):
     progress: _admission_service_pb2.ReportProgressRequest
     deleted: UnitsDeleted
     wait: _admission_pb2.AdmissionWait
-    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ...) -> None: ...
+    reserved: _admission_service_pb2.ReserveUnitsRequest
+    reservations_cancelled: _admission_service_pb2.CancelReservationsRequest
+    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ..., reserved: _Optional[_Union[_admission_service_pb2.ReserveUnitsRequest, _Mapping]] = ..., reservations_cancelled: _Optional[_Union[_admission_service_pb2.CancelReservationsRequest, _Mapping]] = ...) -> None: ...

@@ -24,7 +24,7 @@ from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.ingest import IngestLimits, check_columns, fingerprint, oldest_versions
-from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
 from knittrans.store.index import CheckedEntries, UnitIndex
 from knittrans.trajectory_batch import TrajectoryColumns
 from knittrans.types import (
@@ -32,9 +32,11 @@ from knittrans.types import (
     ENCODER_ROLE_PREFIX,
     AdmissionUnit,
     ConsumerId,
+    SampleId,
     Topology,
     TrajectoryId,
     UnitKey,
+    check_id,
 )
 from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2, trajectory_pb2
 
@@ -230,6 +232,8 @@ class AdmissionLedger:
                 else:
                     accepted.append(i)
         self._check_groups(columns, accepted)
+        if self.index.has_reservations:
+            self._check_reservations_kept(columns, accepted)
         checked = self._check_keys(columns, accepted)
         media = self._check_media(columns, accepted)
         return Classified(
@@ -272,6 +276,49 @@ class AdmissionLedger:
         if not checked.in_bulk:
             self._check_keys_in_order(columns, rows)
         return checked
+
+    def _check_reservations_kept(self, columns: TrajectoryColumns, rows: list[int]) -> None:
+        """A trajectory that reserved multimodal units must report exactly those: the report takes its
+        reservation over, and a reserved unit it did not name would otherwise be held by nobody."""
+        offsets = columns.multimodal_offsets.tolist()
+        for i in rows:
+            reserved = self.index.reservation(TrajectoryId(columns.trajectory_ids[i]))
+            if reserved is None:
+                continue
+            reported = columns.multimodal_keys[offsets[i] : offsets[i + 1]]
+            if set(reported) != set(reserved):
+                raise InvalidArgument(
+                    f"lists {sorted(set(reported))}, but the trajectory reserved {sorted(reserved)}; cancel the "
+                    "reservation to report other units", field=f"trajectories[{i}].multimodal",
+                )
+
+    def check_reservations(self, request: admission_service_pb2.ReserveUnitsRequest) -> None:
+        """Validate a reservation request whole, naming the field; changes nothing."""
+        limit = self.settings.max_report_batch
+        if len(request.reservations) > limit:
+            raise InvalidArgument(f"{len(request.reservations)} reservations exceed the limit of {limit}",
+                                  field="reservations")
+        trial = UnitIndex()  # the request's own reservations must agree with each other as well
+        for i, reservation in enumerate(request.reservations):
+            where = f"reservations[{i}]"
+            trajectory_id, sample_id = TrajectoryId(reservation.trajectory_id), SampleId(reservation.sample_id)
+            keys = [UnitKey(key) for key in reservation.multimodal_keys]
+            check_id(trajectory_id, f"{where}.trajectory_id")
+            check_id(sample_id, f"{where}.sample_id")
+            if not keys:
+                raise InvalidArgument("reserves nothing", field=f"{where}.multimodal_keys")
+            for k, key in enumerate(keys):
+                check_id(key, f"{where}.multimodal_keys[{k}]")
+            if trial.reservation(trajectory_id) is not None:
+                raise InvalidArgument("appears twice in one request", field=f"{where}.trajectory_id")
+            for index in (trial, self.index):
+                try:
+                    index.check_reservation(trajectory_id, sample_id, keys)
+                except Conflict as exc:
+                    raise InvalidArgument(exc.message, field=f"{where}.multimodal_keys") from None
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"{exc.field}: {exc.message}", field=f"{where}.multimodal_keys") from None
+            trial.reserve(trajectory_id, sample_id, keys)
 
     def _check_groups(self, columns: TrajectoryColumns, rows: list[int]) -> None:
         """With group admission, refuse a trajectory its group cannot take before anything is journaled."""
@@ -450,6 +497,8 @@ class AdmissionLedger:
         self._rows.update(zip(selected, range(base, base + len(rows)) if whole else [base + i for i in rows],
                               strict=True))
         self.index.add_checked(checked)
+        if self.pending_deletes:
+            self._revive(checked.flat_media)
         self.engine.add_many(
             PoolEntries(
                 trajectory_ids=selected,
@@ -556,6 +605,31 @@ class AdmissionLedger:
         minibatch.dispatch = None
         self._forget_finished()
         return Applied(released=minibatch, freed_keys=freed)
+
+    def _apply_reserved(self, record: journal_pb2.JournalRecord) -> Applied:
+        for reservation in record.reserved.reservations:
+            trajectory_id = TrajectoryId(reservation.trajectory_id)
+            if self.is_reported(trajectory_id):
+                continue  # a retried submit whose report already arrived: the report holds the units
+            keys = [UnitKey(key) for key in reservation.multimodal_keys]
+            if self.index.reserve(trajectory_id, SampleId(reservation.sample_id), keys):
+                self._revive(keys)
+        return Applied()
+
+    def _apply_reservations_cancelled(self, record: journal_pb2.JournalRecord) -> Applied:
+        freed = self.index.cancel_reservations(
+            TrajectoryId(t) for t in record.reservations_cancelled.trajectory_ids)
+        for key in freed:
+            self.pending_deletes[key] = None
+            self._media.pop(key, None)
+        return Applied(freed_keys=freed)
+
+    def _revive(self, keys: Iterable[UnitKey]) -> None:
+        """Keys referenced again before their deletion began are not deleted: the deleter skips keys that are
+        no longer pending. (A reservation of a key whose deletion is under way waits for it to end, so that
+        the rollout's write that follows stores the unit again.)"""
+        for key in keys:
+            self.pending_deletes.pop(key, None)
 
     def _apply_deleted(self, record: journal_pb2.JournalRecord) -> Applied:
         for key in record.deleted.keys:

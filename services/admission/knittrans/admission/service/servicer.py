@@ -20,7 +20,7 @@ from knittrans.admission.service.journal import Journal
 from knittrans.admission.service.ledger import AdmissionLedger, Applied, Classified, MiniBatch, blocking_to_proto
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
-from knittrans.types import ConsumerId
+from knittrans.types import ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
 from knittrans.wire import consumer_from_proto, topology_to_proto, within
@@ -73,6 +73,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._lock = asyncio.Lock()
         self._published = asyncio.Condition()
         self._deletions: asyncio.Queue[str] = asyncio.Queue()
+        # Keys whose deletion from the store is under way, and an event set when that deletion has ended.
+        self._deleting: frozenset[str] = frozenset()
+        self._deletion_ended = asyncio.Event()
+        self._deletion_ended.set()
         self._background: list[asyncio.Task] = []
         self._wake_handle: asyncio.TimerHandle | None = None
         self._last_admission_at: float | None = None
@@ -315,6 +319,35 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 await self._admit_until_wait()
             return pb.AdvanceVersionResponse(version=ledger.version)
 
+    async def ReserveUnits(self, request: pb.ReserveUnitsRequest, context: aio.ServicerContext):
+        wanted = {key for reservation in request.reservations for key in reservation.multimodal_keys}
+        while True:
+            async with self._lock:
+                if self._deleting.isdisjoint(wanted):
+                    self._ledger.check_reservations(request)
+                    new = sum(
+                        not self._ledger.is_reported(TrajectoryId(r.trajectory_id))
+                        and self._ledger.index.reservation(TrajectoryId(r.trajectory_id)) is None
+                        for r in request.reservations
+                    )
+                    if new:
+                        await self._commit(journal_pb2.JournalRecord(at=self._clock(), reserved=request))
+                    return pb.ReserveUnitsResponse(reserved=new)
+                ended = self._deletion_ended
+            # A unit being deleted now may be gone or not when the deletion ends: wait, so that the caller's write
+            # that follows this reservation finds it absent and stores it again.
+            await ended.wait()
+
+    async def CancelReservations(self, request: pb.CancelReservationsRequest, context: aio.ServicerContext):
+        if len(request.trajectory_ids) > self._ledger.settings.max_report_batch:
+            raise InvalidArgument("too many trajectory ids in one request", field="trajectory_ids")
+        async with self._lock:
+            held = [t for t in request.trajectory_ids if self._ledger.index.reservation(TrajectoryId(t)) is not None]
+            if held:
+                cancelled = pb.CancelReservationsRequest(request_id=request.request_id, trajectory_ids=held)
+                await self._commit(journal_pb2.JournalRecord(at=self._clock(), reservations_cancelled=cancelled))
+        return pb.CancelReservationsResponse(cancelled=len(held))
+
     async def GetStatus(self, request: pb.GetStatusRequest, context: aio.ServicerContext):
         ledger = self._ledger
         status = ledger.engine.status()
@@ -344,24 +377,38 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     # -- background work -------------------------------------------------------------------------------
 
     async def _delete_released(self) -> None:
-        """Delete released units from the store in batches, then journal that they are gone."""
+        """Delete released units from the store in batches, then journal that they are gone.
+
+        A key referenced again after its release (a reservation, or a report, revived it) is no longer pending
+        and is skipped. While a batch is being deleted, reservations of its keys wait (see ReserveUnits)."""
         while True:
-            keys = [await self._deletions.get()]
-            while len(keys) < self._delete_batch_size and not self._deletions.empty():
-                keys.append(self._deletions.get_nowait())
-            if self._delete_keys is not None:
-                try:
-                    await asyncio.to_thread(self._delete_keys, keys)
-                except KnitTransError as exc:
-                    logger.warning("deleting %d released units failed, retrying later: %s", len(keys), exc)
-                    await asyncio.sleep(1.0)
-                    for key in keys:
-                        self._deletions.put_nowait(key)
-                    continue
+            queued = [await self._deletions.get()]
+            while len(queued) < self._delete_batch_size and not self._deletions.empty():
+                queued.append(self._deletions.get_nowait())
             async with self._lock:
-                deleted = journal_pb2.UnitsDeleted(keys=keys)
-                await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
-            self._metrics.released_units.inc(len(keys))
+                pending = self._ledger.pending_deletes
+                keys = [key for key in dict.fromkeys(queued) if key in pending]
+                if not keys:
+                    continue
+                self._deleting = frozenset(keys)
+                self._deletion_ended.clear()
+            try:
+                if self._delete_keys is not None:
+                    try:
+                        await asyncio.to_thread(self._delete_keys, keys)
+                    except KnitTransError as exc:
+                        logger.warning("deleting %d released units failed, retrying later: %s", len(keys), exc)
+                        await asyncio.sleep(1.0)
+                        for key in keys:
+                            self._deletions.put_nowait(key)
+                        continue
+                async with self._lock:
+                    deleted = journal_pb2.UnitsDeleted(keys=keys)
+                    await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
+                self._metrics.released_units.inc(len(keys))
+            finally:
+                self._deleting = frozenset()
+                self._deletion_ended.set()
 
     async def _tick_gauges(self) -> None:
         while True:
