@@ -5,8 +5,9 @@ the full plan, which only exists when the assignment source sends one. Without i
 own part: the encodings its backbone micro-batches use (``MiniBatch.encoding_uses``, in packed positions) and,
 on an encoder consumer's rank, the encoder micro-batches it computes (``MiniBatch.assignment``). One all-gather
 over the trainer ranks (bytes of canonical JSON; no pickle crosses a process boundary) gives every rank every
-part, and every rank builds the identical schedule from them: owners from the encoder parts, consumers from the
-uses, routes sorted by key.
+part, and every rank builds the identical schedule from them with :func:`knittrans.train.schedule_from_ranks`,
+the same function :func:`knittrans.train.schedule_from_plan` uses: owners from the encoder parts, consumers from
+the uses, routes in the schedule's canonical order.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from knittrans.errors import InvalidArgument
 from knittrans.plan import EncoderMicroBatchAssignment
 from knittrans.train.schedule import (
     BackboneMicroBatch,
     EncoderMicroBatch,
-    EncodingRoute,
     EncodingSchedule,
     EncodingUse,
     RankSchedule,
+    schedule_from_ranks,
 )
 from knittrans.trainer.descriptor import PackedEncodingUse
 from knittrans.types import UnitKey
@@ -109,28 +109,14 @@ def rank_part(
 
 
 def schedule_from_parts(parts: Sequence[RankEncodingPart]) -> EncodingSchedule:
-    """The global schedule of ranks ``0 … len(parts) − 1`` (tp = 1); raises ``InvalidArgument`` when the parts
-    do not fit together (an encoding with two owners or none, a use without an owner, …)."""
-    owners: dict[UnitKey, tuple[int, int]] = {}
-    consumers: dict[UnitKey, set[int]] = {}
-    for rank, part in enumerate(parts):
+    """The global schedule of ranks ``0 … len(parts) − 1`` (tp = 1), routes derived by
+    :func:`knittrans.train.schedule_from_ranks` like every other schedule's; raises ``InvalidArgument`` when the
+    parts do not fit together (an encoding with two owners or none, a use without an owner, …)."""
+    num_rows: dict[str, int] = {}
+    for part in parts:
         for micro in part.encoder_micro_batches:
             for key, rows in micro:
-                if key in owners:
-                    raise InvalidArgument(
-                        f"encoding {key!r} is computed by ranks {owners[key][0]} and {rank}", field="encoder"
-                    )
-                owners[key] = (rank, rows)
-        for micro in part.backbone_micro_batches:
-            for use in micro:
-                consumers.setdefault(use.key, set()).add(rank)
-    missing = sorted(set(consumers) - set(owners))
-    if missing:
-        raise InvalidArgument(f"encodings {missing} are used but no rank computes them", field="encoder")
-    routes = tuple(
-        EncodingRoute(key=key, num_rows=rows, owner=owner, consumers=tuple(sorted(consumers.get(key, ()))))
-        for key, (owner, rows) in sorted(owners.items())
-    )
+                num_rows.setdefault(key, rows)
     ranks = tuple(
         RankSchedule(
             rank=rank,
@@ -143,7 +129,7 @@ def schedule_from_parts(parts: Sequence[RankEncodingPart]) -> EncodingSchedule:
         )
         for rank, part in enumerate(parts)
     )
-    return EncodingSchedule(ranks=ranks, routes=routes, tp_size=1)
+    return schedule_from_ranks(ranks=ranks, num_rows=num_rows, tp_size=1)
 
 
 def exchange_encoding_schedule(part: RankEncodingPart, *, group: dist.ProcessGroup | None = None) -> EncodingSchedule:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 from hypothesis import assume, given, settings
@@ -16,6 +17,8 @@ from knittrans.train.schedule import (
     EncodingSchedule,
     EncodingUse,
     RankSchedule,
+    WireKind,
+    schedule_from_ranks,
 )
 from knittrans.types import UnitKey
 
@@ -257,3 +260,58 @@ def test_dropping_any_consumer_from_a_route_is_refused(schedule: EncodingSchedul
     with pytest.raises(InvalidArgument):
         routes[index] = dataclasses.replace(route, consumers=remaining)
         EncodingSchedule(ranks=schedule.ranks, routes=tuple(routes), tp_size=schedule.tp_size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(distributed_schedules(), st.randoms(use_true_random=False))
+def test_listing_order_changes_neither_the_schedule_nor_any_wire_layout(
+    schedule: EncodingSchedule, rng: random.Random
+) -> None:
+    """Routes and owned keys listed in any order give the same schedule and the same message layouts, and each
+    layout names every key the message carries with the right row count (issue 13: gradients were read back in
+    the owner's encoding order while consumers packed them in route order)."""
+    routes = list(schedule.routes)
+    rng.shuffle(routes)
+    ranks = []
+    for rank in schedule.ranks:
+        keys = [key for micro in rank.encoder_micro_batches for key in micro.keys]
+        rng.shuffle(keys)
+        ranks.append(dataclasses.replace(rank, encoder_micro_batches=tuple(EncoderMicroBatch(keys=(k,)) for k in keys)))
+    reordered = EncodingSchedule(ranks=tuple(ranks), routes=tuple(routes), tp_size=schedule.tp_size)
+    assert reordered.routes == schedule.routes
+    for owner in range(schedule.world_size):
+        for consumer in range(schedule.world_size):
+            for kind in WireKind:
+                layout = reordered.wire(owner=owner, consumer=consumer, kind=kind)
+                assert layout == schedule.wire(owner=owner, consumer=consumer, kind=kind)
+                carried = {r.key for r in schedule.routes if r.owner == owner and consumer in r.consumers}
+                assert set(layout.keys) == carried and len(layout.keys) == len(carried)
+                start = 0
+                for segment in layout.segments:
+                    assert segment.start == start
+                    want = (
+                        schedule.route(segment.key).num_rows
+                        if kind is WireKind.ENCODINGS
+                        else schedule.owned_row_count(consumer, segment.key)
+                    )
+                    assert segment.num_rows == want and layout.segment(segment.key) == segment
+                    start += segment.num_rows
+                assert layout.num_rows == start
+
+
+def test_schedule_from_ranks_derives_the_routes() -> None:
+    built = schedule_from_ranks(ranks=two_rank_schedule().ranks, num_rows={"a": 4, "b": 4})
+    assert built == two_rank_schedule()
+    with pytest.raises(InvalidArgument, match="computed by ranks 0 and 1"):
+        schedule_from_ranks(
+            ranks=(
+                RankSchedule(rank=0, encoder_micro_batches=(EncoderMicroBatch(keys=(UnitKey("a"),)),)),
+                RankSchedule(rank=1, dp_rank=1, encoder_micro_batches=(EncoderMicroBatch(keys=(UnitKey("a"),)),)),
+            ),
+            num_rows={"a": 4},
+        )
+    with pytest.raises(InvalidArgument, match="no rank computes them"):
+        schedule_from_ranks(
+            ranks=(RankSchedule(rank=0, backbone_micro_batches=(BackboneMicroBatch(uses=(use("a", 0),)),)),),
+            num_rows={"a": 4},
+        )

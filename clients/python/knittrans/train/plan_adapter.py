@@ -16,12 +16,11 @@ from knittrans.plan import Plan, zigzag_chunks
 from knittrans.train.schedule import (
     BackboneMicroBatch,
     EncoderMicroBatch,
-    EncodingRoute,
     EncodingSchedule,
     EncodingUse,
     RankSchedule,
+    schedule_from_ranks,
 )
-from knittrans.types import UnitKey
 
 BackboneRankOf = Callable[[int, int, int], int]
 """(dp rank, cp rank, tp rank) of the backbone -> global rank."""
@@ -83,7 +82,8 @@ def schedule_from_plan(
 
     ``backbone_rank`` maps backbone coordinates to global ranks (default: :func:`megatron_backbone_rank`);
     ``encoder_rank`` maps encoder DP ranks to global ranks (default: the identity). Encoder tensor
-    parallelism is not supported: one rank owns each encoding.
+    parallelism is not supported: one rank owns each encoding. Routes come from
+    :func:`~knittrans.train.schedule.schedule_from_ranks`, like every other schedule's.
     """
     topology = plan.topology
     b = topology.backbone
@@ -107,7 +107,7 @@ def schedule_from_plan(
                 coordinates[rank] = (d, c, t)
 
     encoder_micro_batches: dict[int, list[EncoderMicroBatch]] = {rank: [] for rank in range(world)}
-    owners: dict[int, int] = {}
+    num_rows_by_id: dict[int, int] = {}
     for d in range(encoder_topology.dp):
         rank = owner_of(d)
         if not 0 <= rank < world:
@@ -119,18 +119,17 @@ def schedule_from_plan(
                 continue  # the planner pads ranks with empty micro-batches to equal counts
             keys = []
             for e in ids:
-                owners[int(e)] = rank
+                num_rows_by_id[int(e)] = plan.encoding(int(e)).num_rows
                 keys.append(plan.encoding(int(e)).key)
             encoder_micro_batches[rank].append(EncoderMicroBatch(keys=tuple(keys)))
 
     per_rank = plan.microbatches_per_rank
     layouts = {d: _items(plan, d) for d in range(b.dp)}
     uses: dict[tuple[int, int], list[EncodingUse]] = {}
-    consumers: dict[int, set[int]] = {e: set() for e in owners}
     route = plan.route
     for row in range(len(route)):
         encoding_id = int(route.encodings[row])
-        if encoding_id not in owners:
+        if encoding_id not in num_rows_by_id:
             continue  # another encoder's encoding
         d, c, t = int(route.dp_ranks[row]), int(route.cp_ranks[row]), int(route.tp_ranks[row])
         microbatch = int(route.microbatches[row])
@@ -138,9 +137,7 @@ def schedule_from_plan(
         trajectory = int(plan.reference_trajectories[reference])
         item = next(i for i in layouts[d][microbatch] if i.trajectory == trajectory)
         start, end = int(route.starts[row]), int(route.ends[row])
-        rank = rank_of(d, c, t)
-        consumers[encoding_id].add(rank)
-        uses.setdefault((rank, microbatch), []).append(
+        uses.setdefault((rank_of(d, c, t), microbatch), []).append(
             EncodingUse(
                 key=plan.encoding(encoding_id).key,
                 position=local_token_position(plan, trajectory, c, start, item.offset),
@@ -163,13 +160,5 @@ def schedule_from_plan(
         )
         for rank in range(world)
     )
-    routes = tuple(
-        EncodingRoute(
-            key=UnitKey(plan.encoding(e).key),
-            num_rows=plan.encoding(e).num_rows,
-            owner=owners[e],
-            consumers=tuple(sorted(consumers[e])),
-        )
-        for e in sorted(owners)
-    )
-    return EncodingSchedule(ranks=ranks, routes=routes, tp_size=b.tp)
+    num_rows = {plan.encoding(e).key: rows for e, rows in num_rows_by_id.items()}
+    return schedule_from_ranks(ranks=ranks, num_rows=num_rows, tp_size=b.tp)

@@ -15,6 +15,9 @@ For one mini-batch, every rank runs four phases in order:
    the reverse route, only the rows its TP rank owns (row i belongs to TP rank ``i % tp_size``); owners
    sum the contributions and run one deferred backward through all retained encoder graphs.
 
+Every message is laid out by :meth:`EncodingSchedule.wire`, which sender and receiver both call; receivers
+find an encoding's rows by key in that layout.
+
 Then the caller reduces gradients across data-parallel ranks as usual and steps the optimizer.
 :func:`train_minibatch` runs the four phases. Gradients equal those of the duplicated path (every
 trajectory encodes its own copy) up to float rounding, because the gradient of a sum of consumers is the
@@ -34,7 +37,7 @@ from torch import nn
 
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.train.encoder_checks import check_encoder_supported
-from knittrans.train.schedule import EncoderMicroBatch, EncodingSchedule, EncodingUse
+from knittrans.train.schedule import EncoderMicroBatch, EncodingSchedule, EncodingUse, WireKind, WireLayout
 from knittrans.train.transport import ReceiveSpec, Transport, default_transport
 from knittrans.types import UnitKey
 
@@ -262,20 +265,20 @@ class MinibatchEncodingReuse:
         peers = [rank for rank in range(schedule.world_size) if rank != me]
         sends: dict[int, torch.Tensor] = {}
         receives: dict[int, ReceiveSpec] = {}
+        incoming: dict[int, WireLayout] = {}
         for peer in peers:
-            outgoing = schedule.keys_between(me, peer)
-            if outgoing:
-                sends[peer] = torch.cat([self._outputs[key].detach() for key in outgoing])
+            outgoing = schedule.wire(owner=me, consumer=peer, kind=WireKind.ENCODINGS)
+            if outgoing.segments:
+                sends[peer] = torch.cat([self._outputs[segment.key].detach() for segment in outgoing.segments])
                 self._rows_sent += sends[peer].shape[0]
-            incoming = schedule.keys_between(peer, me)
-            if incoming:
-                rows = sum(schedule.route(key).num_rows for key in incoming)
-                receives[peer] = ReceiveSpec(shape=(rows, self._hidden), dtype=self._dtype)
-                self._rows_received += rows
+            layout = schedule.wire(owner=peer, consumer=me, kind=WireKind.ENCODINGS)
+            if layout.segments:
+                incoming[peer] = layout
+                receives[peer] = ReceiveSpec(shape=(layout.num_rows, self._hidden), dtype=self._dtype)
+                self._rows_received += layout.num_rows
         received = self._transport.exchange(sends, receives, self._device)
         del sends
 
-        read_offset = dict.fromkeys(received, 0)
         pieces: list[torch.Tensor] = []
         offset = 0
         for key in schedule.consumed_keys(me):
@@ -283,9 +286,8 @@ class MinibatchEncodingReuse:
             if route.owner == me:
                 piece = self._outputs[key].detach()
             else:
-                start = read_offset[route.owner]
-                piece = received[route.owner][start : start + route.num_rows]
-                read_offset[route.owner] = start + route.num_rows
+                segment = incoming[route.owner].segment(key)
+                piece = received[route.owner][segment.start : segment.start + segment.num_rows]
             self._offsets[key] = offset
             offset += route.num_rows
             pieces.append(piece.to(self._device))
@@ -365,27 +367,28 @@ class MinibatchEncodingReuse:
         peers = [rank for rank in range(schedule.world_size) if rank != me]
         sends: dict[int, torch.Tensor] = {}
         receives: dict[int, ReceiveSpec] = {}
+        incoming: dict[int, WireLayout] = {}
         for peer in peers:
-            consumed_from_peer = schedule.keys_between(peer, me)
-            if consumed_from_peer:
+            outgoing = schedule.wire(owner=peer, consumer=me, kind=WireKind.GRADIENTS)
+            if outgoing.segments:
                 sends[peer] = torch.cat(
-                    [self._owned_rows(me, self._key_rows(cache_grad, key)) for key in consumed_from_peer]
+                    [self._owned_rows(me, self._key_rows(cache_grad, segment.key)) for segment in outgoing.segments]
                 )
                 self._grad_rows_sent += sends[peer].shape[0]
-            sent_to_peer = schedule.keys_between(me, peer)
-            if sent_to_peer:
-                rows = sum(schedule.owned_row_count(peer, key) for key in sent_to_peer)
-                receives[peer] = ReceiveSpec(shape=(rows, self._hidden), dtype=self.grad_dtype)
-                self._grad_rows_received += rows
+            layout = schedule.wire(owner=me, consumer=peer, kind=WireKind.GRADIENTS)
+            if layout.segments:
+                incoming[peer] = layout
+                receives[peer] = ReceiveSpec(shape=(layout.num_rows, self._hidden), dtype=self.grad_dtype)
+                self._grad_rows_received += layout.num_rows
         local = {key: self._key_rows(cache_grad, key) for key in schedule.keys_between(me, me)}
         self._cache = self._cache_grad = None
         del cache_grad
         received = self._transport.exchange(sends, receives, self._device)
         del sends
 
-        read_offset = dict.fromkeys(received, 0)
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
+        # Any order works here: each consumer's rows are found by key in the layout both ends derived.
         for key in schedule.ranks[me].owned_keys:
             route = schedule.route(key)
             output = self._outputs[key]
@@ -397,10 +400,8 @@ class MinibatchEncodingReuse:
                     if consumer == me:
                         part = self._owned_rows(me, local[key])
                     else:
-                        count = schedule.owned_row_count(consumer, key)
-                        start = read_offset[consumer]
-                        part = received[consumer][start : start + count]
-                        read_offset[consumer] = start + count
+                        segment = incoming[consumer].segment(key)
+                        part = received[consumer][segment.start : segment.start + segment.num_rows]
                     total[schedule.ranks[consumer].tp_rank :: schedule.tp_size] += part
             if output.requires_grad:
                 roots.append(output)

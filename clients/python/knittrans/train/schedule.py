@@ -8,6 +8,11 @@ mini-batch. Every rank holds the same global schedule:
 - one :class:`EncodingRoute` per encoding: its owner and every rank that consumes it, TP replicas and the
   CP ranks on both sides of a chunk boundary included.
 
+Routes are kept in one canonical order (by key) whatever order they were given in, and every message between
+an owner and a consumer, encodings one way and their gradients the other, is laid out by one function
+(:meth:`EncodingSchedule.wire`) that both ends call, so a sender and a receiver can never read each other's
+rows in different orders. :func:`schedule_from_ranks` is the one way to derive the routes from the ranks.
+
 Construction validates everything that can be known before any tensor exists, so a schedule that would
 leave a reference without an encoding, or an encoding without a way back to its owner, never starts a
 backward pass.
@@ -19,6 +24,7 @@ import hashlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from knittrans.errors import InvalidArgument
 from knittrans.types import UnitKey, check_id
@@ -164,6 +170,58 @@ class EncodingRoute:
         object.__setattr__(self, "consumers", tuple(sorted(consumers)))
 
 
+class WireKind(StrEnum):
+    """Which way a message between an owner and a consumer travels."""
+
+    ENCODINGS = "encodings"  # owner -> consumer: every row of each encoding
+    GRADIENTS = "gradients"  # consumer -> owner: the rows the consumer's TP rank owns
+
+
+@dataclass(frozen=True, kw_only=True)
+class WireSegment:
+    """Rows ``start .. start + num_rows - 1`` of a message belong to encoding ``key``."""
+
+    key: UnitKey
+    start: int
+    num_rows: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WireLayout:
+    """The layout of the one message between ``owner`` and ``consumer`` in one direction.
+
+    Sender and receiver both take it from :meth:`EncodingSchedule.wire`; the receiver finds an encoding's rows
+    with :meth:`segment`, by key, never by assuming the sender packed in some other list's order.
+    """
+
+    owner: int
+    consumer: int
+    kind: WireKind
+    segments: tuple[WireSegment, ...]
+    _by_key: dict[UnitKey, WireSegment] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_key", {segment.key: segment for segment in self.segments})
+
+    @property
+    def num_rows(self) -> int:
+        return sum(segment.num_rows for segment in self.segments)
+
+    @property
+    def keys(self) -> tuple[UnitKey, ...]:
+        return tuple(segment.key for segment in self.segments)
+
+    def segment(self, key: UnitKey) -> WireSegment:
+        found = self._by_key.get(key)
+        if found is None:
+            raise InvalidArgument(
+                f"encoding {key!r} is not in the {self.kind.value} message between owner {self.owner} and "
+                f"consumer {self.consumer}",
+                field="key",
+            )
+        return found
+
+
 @dataclass(frozen=True, kw_only=True)
 class EncodingSchedule:
     """The global encoding plan of one mini-batch, identical on every rank (see the module docstring)."""
@@ -186,6 +244,10 @@ class EncodingSchedule:
             if route.key in route_index:
                 raise InvalidArgument(f"key {route.key!r} has two routes", field=f"routes[{i}].key")
             route_index[route.key] = i
+        # One canonical order, so that every list derived from the routes is the same whoever built them.
+        routes = tuple(sorted(routes, key=lambda route: route.key))
+        object.__setattr__(self, "routes", routes)
+        route_index = {route.key: i for i, route in enumerate(routes)}
         object.__setattr__(self, "_route_index", route_index)
         self._check_ranks()
         self._check_owners()
@@ -299,14 +361,8 @@ class EncodingSchedule:
         """One rank that encodes everything it consumes; routes follow from the micro-batches."""
         encoder = tuple(EncoderMicroBatch(keys=tuple(UnitKey(k) for k in keys)) for keys in encoder_micro_batches)
         backbone = tuple(BackboneMicroBatch(uses=tuple(uses)) for uses in backbone_micro_batches)
-        routes = []
-        for micro in encoder:
-            for key in micro.keys:
-                if key not in num_rows:
-                    raise InvalidArgument(f"no row count for encoding {key!r}", field="num_rows")
-                routes.append(EncodingRoute(key=key, num_rows=num_rows[key], owner=0, consumers=(0,)))
         rank = RankSchedule(rank=0, encoder_micro_batches=encoder, backbone_micro_batches=backbone)
-        return cls(ranks=(rank,), routes=tuple(routes))
+        return schedule_from_ranks(ranks=(rank,), num_rows=num_rows)
 
     @property
     def world_size(self) -> int:
@@ -319,12 +375,21 @@ class EncodingSchedule:
         return self.routes[index]
 
     def consumed_keys(self, rank: int) -> tuple[UnitKey, ...]:
-        """The encodings ``rank`` caches, in route order (the same order on every rank)."""
+        """The encodings ``rank`` caches, in canonical route order."""
         return tuple(route.key for route in self.routes if rank in route.consumers)
 
     def keys_between(self, owner: int, consumer: int) -> tuple[UnitKey, ...]:
-        """Encodings ``owner`` sends to ``consumer``, in route order; both sides derive the same list."""
+        """Encodings ``owner`` sends to ``consumer``, in canonical route order (by key)."""
         return tuple(route.key for route in self.routes if route.owner == owner and consumer in route.consumers)
+
+    def wire(self, *, owner: int, consumer: int, kind: WireKind) -> WireLayout:
+        """The layout of the message between ``owner`` and ``consumer``; both ends of the exchange call this."""
+        segments, start = [], 0
+        for key in self.keys_between(owner, consumer):
+            rows = self.route(key).num_rows if kind is WireKind.ENCODINGS else self.owned_row_count(consumer, key)
+            segments.append(WireSegment(key=key, start=start, num_rows=rows))
+            start += rows
+        return WireLayout(owner=owner, consumer=consumer, kind=kind, segments=tuple(segments))
 
     def owned_row_count(self, consumer: int, key: UnitKey) -> int:
         """How many gradient rows of ``key`` ``consumer`` returns: those with row % tp_size == its tp rank."""
@@ -339,3 +404,38 @@ class EncodingSchedule:
     def fingerprint(self) -> str:
         """A digest of the whole schedule; ranks compare it before exchanging anything."""
         return hashlib.blake2b(repr(self).encode(), digest_size=16).hexdigest()
+
+
+def schedule_from_ranks(
+    *, ranks: Sequence[RankSchedule], num_rows: Mapping[str, int], tp_size: int = 1
+) -> EncodingSchedule:
+    """The schedule of ``ranks`` with routes derived from them: an encoding's owner is the rank whose encoder
+    micro-batches hold it, its consumers the ranks whose backbone micro-batches use it.
+
+    Every builder (the planner adapter, the single-process case, the demo's gathered parts) goes through here,
+    so there is one way to make routes.
+    """
+    owners: dict[UnitKey, int] = {}
+    for rank in ranks:
+        for m, micro in enumerate(rank.encoder_micro_batches):
+            for k, key in enumerate(micro.keys):
+                path = f"ranks[{rank.rank}].encoder_micro_batches[{m}].keys[{k}]"
+                if key in owners:
+                    raise InvalidArgument(
+                        f"encoding {key!r} is computed by ranks {owners[key]} and {rank.rank}", field=path
+                    )
+                if key not in num_rows:
+                    raise InvalidArgument(f"no row count for encoding {key!r}", field="num_rows")
+                owners[key] = rank.rank
+    consumers: dict[UnitKey, set[int]] = {}
+    for rank in ranks:
+        for key in rank.referenced_keys():
+            consumers.setdefault(key, set()).add(rank.rank)
+    missing = sorted(set(consumers) - set(owners))
+    if missing:
+        raise InvalidArgument(f"encodings {missing} are used but no rank computes them", field="encoder_micro_batches")
+    routes = tuple(
+        EncodingRoute(key=key, num_rows=num_rows[key], owner=owner, consumers=tuple(sorted(consumers.get(key, ()))))
+        for key, owner in owners.items()
+    )
+    return EncodingSchedule(ranks=tuple(ranks), routes=routes, tp_size=tp_size)
