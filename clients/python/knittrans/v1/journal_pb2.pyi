@@ -15,7 +15,7 @@ class UnitsDeleted(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JournalRecord(_message.Message):
-    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait")
+    __slots__ = ("at", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait", "consumer_failure")
     AT_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class JournalRecord(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FAILURE_FIELD_NUMBER: _ClassVar[int]
     at: float
     report: _admission_service_pb2.ReportTrajectoriesRequest
     scheduled: _admission_service_pb2.ReportScheduledRequest
@@ -34,4 +35,5 @@ class JournalRecord(_message.Message):
     progress: _admission_service_pb2.ReportProgressRequest
     deleted: UnitsDeleted
     wait: _admission_pb2.AdmissionWait
-    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ...) -> None: ...
+    consumer_failure: _admission_service_pb2.ReportConsumerFailureRequest
+    def __init__(self, at: _Optional[float] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ..., consumer_failure: _Optional[_Union[_admission_service_pb2.ReportConsumerFailureRequest, _Mapping]] = ...) -> None: ...
