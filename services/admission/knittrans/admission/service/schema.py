@@ -140,6 +140,13 @@ def check_schema(
     wrong_count = accepted[counts != len(schema.fields)]
     units = np.flatnonzero(np.repeat(columns.accepted, np.diff(offsets)))
     table = _signature_table(columns, units)
+    width = len(schema.fields)
+    if not len(wrong_count) and width and len(units):
+        # Reports usually carry the same fields in the same order for every trajectory: then one trajectory's
+        # units are every signature there is.
+        per_trajectory = table.reshape(len(accepted), -1)
+        if (per_trajectory == per_trajectory[0]).all():
+            table = table[:width]
     unique, first = np.unique(table, axis=0, return_index=True)
     bad_units = []
     for signature, position in zip(unique.tolist(), first.tolist(), strict=True):
