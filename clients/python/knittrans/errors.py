@@ -92,6 +92,32 @@ class Aborted(KnitTransError):
     status_code = "ABORTED"
 
 
+class MiniBatchFailed(KnitTransError):
+    """The data plane could not read or pack an admitted mini-batch (a unit missing from the store, bytes that
+    disagree with their header). Every trainer rank of the consumer gets it instead of the mini-batch; ``field``
+    names the unit key (or the trajectory when no unit is to blame)."""
+
+    status_code = "DATA_LOSS"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        trajectory_id: str = "",
+        unit_key: str = "",
+        sequence: int = 0,
+        train_batch_index: int = 0,
+        minibatch_index: int = 0,
+    ) -> None:
+        super().__init__(message, field=field or unit_key or trajectory_id or None)
+        self.trajectory_id = trajectory_id
+        self.unit_key = unit_key or (field or "")
+        self.sequence = sequence
+        self.train_batch_index = train_batch_index
+        self.minibatch_index = minibatch_index
+
+
 _BY_STATUS: dict[str, type[KnitTransError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
     "FAILED_PRECONDITION": FailedPrecondition,
@@ -102,6 +128,7 @@ _BY_STATUS: dict[str, type[KnitTransError]] = {
     "UNAUTHENTICATED": Unauthenticated,
     "RESOURCE_EXHAUSTED": ResourceExhausted,
     "ABORTED": Aborted,
+    "DATA_LOSS": MiniBatchFailed,
 }
 
 

@@ -92,6 +92,20 @@ class SourceStatus:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ConsumerFailure:
+    """A consumer could not read or pack one admitted mini-batch (it skipped it; see ``ReportConsumerFailure``)."""
+
+    consumer: ConsumerId
+    sequence: int
+    train_batch_index: int
+    minibatch_index: int
+    microbatch_index: int
+    trajectory_id: str
+    unit_key: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class AdmissionStatus:
     sources: tuple[SourceStatus, ...]
     train_batch_index: int
@@ -105,6 +119,8 @@ class AdmissionStatus:
     admitted_total: int
     dropped_stale: int
     released_minibatches: int
+    failed_minibatches: int = 0
+    recent_failures: tuple[ConsumerFailure, ...] = ()
 
 
 def new_request_id() -> str:
@@ -278,4 +294,14 @@ def status_from_proto(response: pb.GetStatusResponse) -> AdmissionStatus:
         admitted_total=response.admitted_total,
         dropped_stale=response.dropped_stale,
         released_minibatches=response.released_minibatches,
+        failed_minibatches=response.failed_minibatches,
+        recent_failures=tuple(
+            ConsumerFailure(
+                consumer=ConsumerId(role=f.consumer.role, dp_rank=f.consumer.dp_rank, cp_rank=f.consumer.cp_rank),
+                sequence=f.sequence, train_batch_index=f.train_batch_index, minibatch_index=f.minibatch_index,
+                microbatch_index=f.microbatch_index, trajectory_id=f.trajectory_id, unit_key=f.unit_key,
+                reason=f.reason,
+            )
+            for f in response.recent_failures
+        ),
     )

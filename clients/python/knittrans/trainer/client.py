@@ -23,6 +23,14 @@ When a mini-batch is finished (the loop asks for the next one, or :meth:`MiniBat
 consumer reports its optimizer step to the admission service, and global rank 0 reports ``AdvanceVersion``
 after the last mini-batch of a train batch. A sidecar that stops answering raises :class:`~knittrans.errors.
 Unavailable` within ``sidecar_timeout_seconds``; the client never hangs on a dead sidecar.
+
+A mini-batch the sidecar could not read or pack (a unit lost from the store, bytes that disagree with their
+header) raises :class:`~knittrans.errors.MiniBatchFailed` from its micro-batch iterator, on every TP rank,
+naming the trajectory and the unit (``error.trajectory_id``, ``error.unit_key``); micro-batches of it that were
+already yielded must not be stepped on. The sidecar skips the rest of that mini-batch, so the training loop may
+catch the error, skip the optimizer step and go on with ``mini_batches()``: the client still reports the
+mini-batch done to the admission service (its units are released once every consumer is past it, and the
+version advances after the last mini-batch of a train batch). The admission service's status lists the failure.
 """
 
 from __future__ import annotations
@@ -39,7 +47,14 @@ from typing import Any
 import grpc
 
 from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_channel
-from knittrans.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, KnitTransError, Unavailable
+from knittrans.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KnitTransError,
+    MiniBatchFailed,
+    Unavailable,
+)
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
 from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse
 from knittrans.trainer.layout import item_offsets, packed_encoding_uses
@@ -105,6 +120,21 @@ class _Staged:
     event: Any = None  # CUDA event of the staged copy
     released: bool = False
     waited: float = 0.0  # how long the training loop waited for it to be staged
+    failure: MiniBatchFailed | None = None  # the sidecar could not deliver it: raised in its place
+
+
+def failure_error(descriptor: MicroBatchDescriptor) -> MiniBatchFailed:
+    """The typed error for a failure the sidecar published in place of a micro-batch."""
+    failure = descriptor.failure
+    assert failure is not None
+    return MiniBatchFailed(
+        f"mini-batch {descriptor.sequence} (train batch {descriptor.train_batch_index}, mini-batch "
+        f"{descriptor.minibatch_index}) could not be delivered to {descriptor.role} dp {descriptor.dp_rank} cp "
+        f"{descriptor.cp_rank}: micro-batch {descriptor.microbatch_index}, trajectory {failure.trajectory_id!r}, "
+        f"unit {failure.unit_key!r}: {failure.reason}",
+        trajectory_id=failure.trajectory_id, unit_key=failure.unit_key, sequence=descriptor.sequence,
+        train_batch_index=descriptor.train_batch_index, minibatch_index=descriptor.minibatch_index,
+    )
 
 
 @dataclass
@@ -309,12 +339,20 @@ class MiniBatch:
     def _micro_batches(self) -> Iterator[MicroBatch]:
         if self._eager is not None:
             for staged in [self._first, *self._eager]:
+                if staged.failure is not None:
+                    self._done = True
+                    raise staged.failure
                 yield MicroBatch(staged)
             self._done = True
             return
         staged = self._first
         try:
             while True:
+                if staged.failure is not None:  # the last of the mini-batch: nothing follows it
+                    self._last_seen = staged.descriptor
+                    self._client._release(staged)
+                    self._done = True
+                    raise staged.failure
                 self._current = staged
                 self._last_seen = staged.descriptor
                 self._client._ready_for_use(staged)
@@ -338,7 +376,10 @@ class MiniBatch:
             self._done = True
             return
         if not self._started:
-            for _ in self:
+            try:
+                for _ in self:
+                    pass
+            except MiniBatchFailed:  # nobody looked at it; the next mini-batch is what matters now
                 pass
             return
         if self._current is not None:  # the iterator is suspended on it (the loop stopped without closing it)
@@ -530,6 +571,16 @@ class TrainerClient:
                 if descriptor.key <= last_key:
                     self.stats.skipped_after_restart += 1
                     self._send_release(descriptor, waited=-1.0)
+                    continue
+                if descriptor.failure is not None:
+                    failed = _Staged(descriptor=descriptor, tensors={}, failure=failure_error(descriptor))
+                    if self._eager:
+                        self._send_release(descriptor, waited=-1.0)
+                        failed.released = True
+                    last_key = descriptor.key
+                    idle_since = time.monotonic()
+                    if not self._put(failed):
+                        return
                     continue
                 try:
                     tensors, event = self._stager.stage(descriptor)

@@ -100,6 +100,20 @@ class PackedEncodingUse:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MiniBatchFailure:
+    """Why a sidecar could not read or pack a micro-batch: the trajectory and the unit to blame (empty when the
+    failure names none) and what went wrong."""
+
+    trajectory_id: str = ""
+    unit_key: str = ""
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason:
+            raise InvalidArgument("is required", field="reason")
+
+
+@dataclass(frozen=True, kw_only=True)
 class MicroBatchDescriptor:
     """Everything a trainer rank needs to use one published micro-batch (DESIGN.md §6)."""
 
@@ -131,6 +145,8 @@ class MicroBatchDescriptor:
     encoder_input_messages: tuple[plan_pb2.EncodingAssignment, ...] = ()
     assigned_at: float = 0.0  # wall clock: the sidecar had the assignment
     published_at: float = 0.0  # wall clock: the micro-batch was published
+    # Set when the sidecar could not read or pack this micro-batch: no tensors, and the last of its mini-batch.
+    failure: MiniBatchFailure | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensors", "trajectory_ids", "trajectory_indices", "encodings", "encoder_input_messages"):
@@ -152,6 +168,8 @@ class MicroBatchDescriptor:
             raise InvalidArgument("a tensor ends past used_bytes", field="used_bytes")
         if len(self.trajectory_indices) not in (0, len(self.trajectory_ids)):
             raise InvalidArgument("needs one index per trajectory id", field="trajectory_indices")
+        if self.failure is not None and (self.tensors or not self.last_in_minibatch):
+            raise InvalidArgument("a failed micro-batch has no tensors and ends its mini-batch", field="failure")
 
     @cached_property
     def encoder_inputs(self) -> tuple[EncodingAssignment, ...]:
@@ -213,6 +231,8 @@ class MicroBatchDescriptor:
             tp=self.tp,
             assigned_at=self.assigned_at,
             published_at=self.published_at,
+            failure=None if self.failure is None else pb.MiniBatchFailure(
+                trajectory_id=self.failure.trajectory_id, unit_key=self.failure.unit_key, reason=self.failure.reason),
         )
 
     @staticmethod
@@ -268,4 +288,7 @@ class MicroBatchDescriptor:
             encoder_input_messages=tuple(message.encoder_inputs),
             assigned_at=message.assigned_at,
             published_at=message.published_at,
+            failure=within("failure", lambda: MiniBatchFailure(
+                trajectory_id=message.failure.trajectory_id, unit_key=message.failure.unit_key,
+                reason=message.failure.reason)) if message.HasField("failure") else None,
         )

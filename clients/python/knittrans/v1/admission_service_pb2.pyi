@@ -170,7 +170,7 @@ class SourceStatus(_message.Message):
     def __init__(self, source: _Optional[str] = ..., pool: _Optional[int] = ..., admitted: _Optional[int] = ..., quota: _Optional[int] = ..., target: _Optional[float] = ..., slack: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("sources", "train_batch_index", "minibatch_index", "num_minibatches", "policy_version", "blocking_reason", "blocking_detail", "blocked_seconds", "pool_size", "admitted_total", "dropped_stale", "released_minibatches")
+    __slots__ = ("sources", "train_batch_index", "minibatch_index", "num_minibatches", "policy_version", "blocking_reason", "blocking_detail", "blocked_seconds", "pool_size", "admitted_total", "dropped_stale", "released_minibatches", "failed_minibatches", "recent_failures")
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,8 @@ class GetStatusResponse(_message.Message):
     ADMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     RELEASED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     sources: _containers.RepeatedCompositeFieldContainer[SourceStatus]
     train_batch_index: int
     minibatch_index: int
@@ -195,7 +197,43 @@ class GetStatusResponse(_message.Message):
     admitted_total: int
     dropped_stale: int
     released_minibatches: int
-    def __init__(self, sources: _Optional[_Iterable[_Union[SourceStatus, _Mapping]]] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., policy_version: _Optional[int] = ..., blocking_reason: _Optional[_Union[_admission_pb2.BlockingReason, str]] = ..., blocking_detail: _Optional[str] = ..., blocked_seconds: _Optional[float] = ..., pool_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ...) -> None: ...
+    failed_minibatches: int
+    recent_failures: _containers.RepeatedCompositeFieldContainer[ConsumerFailure]
+    def __init__(self, sources: _Optional[_Iterable[_Union[SourceStatus, _Mapping]]] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., policy_version: _Optional[int] = ..., blocking_reason: _Optional[_Union[_admission_pb2.BlockingReason, str]] = ..., blocking_detail: _Optional[str] = ..., blocked_seconds: _Optional[float] = ..., pool_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ..., failed_minibatches: _Optional[int] = ..., recent_failures: _Optional[_Iterable[_Union[ConsumerFailure, _Mapping]]] = ...) -> None: ...
+
+class ConsumerFailure(_message.Message):
+    __slots__ = ("consumer", "sequence", "train_batch_index", "minibatch_index", "microbatch_index", "trajectory_id", "unit_key", "reason")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIT_KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    consumer: _topology_pb2.ConsumerId
+    sequence: int
+    train_batch_index: int
+    minibatch_index: int
+    microbatch_index: int
+    trajectory_id: str
+    unit_key: str
+    reason: str
+    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., sequence: _Optional[int] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., microbatch_index: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., unit_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportConsumerFailureRequest(_message.Message):
+    __slots__ = ("request_id", "failure")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    failure: ConsumerFailure
+    def __init__(self, request_id: _Optional[str] = ..., failure: _Optional[_Union[ConsumerFailure, _Mapping]] = ...) -> None: ...
+
+class ReportConsumerFailureResponse(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: bool
+    def __init__(self, recorded: _Optional[bool] = ...) -> None: ...
 
 class UnitReservation(_message.Message):
     __slots__ = ("trajectory_id", "sample_id", "multimodal_keys")

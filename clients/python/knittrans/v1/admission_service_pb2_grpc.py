@@ -81,6 +81,11 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsResponse.FromString,
                 _registered_method=True)
+        self.ReportConsumerFailure = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/ReportConsumerFailure',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -167,6 +172,16 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportConsumerFailure(self, request, context):
+        """A consumer (reorg sidecar) reports that it could not read or pack an admitted mini-batch: a unit is
+        missing from the store, or its bytes disagree with its header. The consumer skips that mini-batch (its
+        trainer ranks get a typed error) and goes on with the next. Journaled; GetStatus shows it. Idempotent
+        by (consumer, sequence): a repeated report changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +229,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.CancelReservations,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsResponse.SerializeToString,
+            ),
+            'ReportConsumerFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportConsumerFailure,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -461,6 +481,33 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/CancelReservations',
             knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.CancelReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportConsumerFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/ReportConsumerFailure',
+            knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,

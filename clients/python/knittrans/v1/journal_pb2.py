@@ -26,7 +26,7 @@ from knittrans.v1 import admission_pb2 as knittrans_dot_v1_dot_admission__pb2
 from knittrans.v1 import admission_service_pb2 as knittrans_dot_v1_dot_admission__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aknittrans/v1/journal.proto\x12\x0cknittrans.v1\x1a\x1cknittrans/v1/admission.proto\x1a$knittrans/v1/admission_service.proto\"\x1c\n\x0cUnitsDeleted\x12\x0c\n\x04keys\x18\x01 \x03(\t\"\xcf\x04\n\rJournalRecord\x12\n\n\x02\x61t\x18\n \x01(\x01\x12\x39\n\x06report\x18\x01 \x01(\x0b\x32\'.knittrans.v1.ReportTrajectoriesRequestH\x00\x12\x39\n\tscheduled\x18\x02 \x01(\x0b\x32$.knittrans.v1.ReportScheduledRequestH\x00\x12\x35\n\tadmission\x18\x03 \x01(\x0b\x32 .knittrans.v1.MiniBatchAdmissionH\x00\x12,\n\x04\x64rop\x18\x04 \x01(\x0b\x32\x1c.knittrans.v1.TrajectoryDropH\x00\x12\x36\n\x07version\x18\x05 \x01(\x0b\x32#.knittrans.v1.AdvanceVersionRequestH\x00\x12\x37\n\x08progress\x18\x06 \x01(\x0b\x32#.knittrans.v1.ReportProgressRequestH\x00\x12-\n\x07\x64\x65leted\x18\x07 \x01(\x0b\x32\x1a.knittrans.v1.UnitsDeletedH\x00\x12+\n\x04wait\x18\x08 \x01(\x0b\x32\x1b.knittrans.v1.AdmissionWaitH\x00\x12\x35\n\x08reserved\x18\x0b \x01(\x0b\x32!.knittrans.v1.ReserveUnitsRequestH\x00\x12I\n\x16reservations_cancelled\x18\x0c \x01(\x0b\x32\'.knittrans.v1.CancelReservationsRequestH\x00\x42\x08\n\x06\x63hangeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aknittrans/v1/journal.proto\x12\x0cknittrans.v1\x1a\x1cknittrans/v1/admission.proto\x1a$knittrans/v1/admission_service.proto\"\x1c\n\x0cUnitsDeleted\x12\x0c\n\x04keys\x18\x01 \x03(\t\"\x97\x05\n\rJournalRecord\x12\n\n\x02\x61t\x18\n \x01(\x01\x12\x39\n\x06report\x18\x01 \x01(\x0b\x32\'.knittrans.v1.ReportTrajectoriesRequestH\x00\x12\x39\n\tscheduled\x18\x02 \x01(\x0b\x32$.knittrans.v1.ReportScheduledRequestH\x00\x12\x35\n\tadmission\x18\x03 \x01(\x0b\x32 .knittrans.v1.MiniBatchAdmissionH\x00\x12,\n\x04\x64rop\x18\x04 \x01(\x0b\x32\x1c.knittrans.v1.TrajectoryDropH\x00\x12\x36\n\x07version\x18\x05 \x01(\x0b\x32#.knittrans.v1.AdvanceVersionRequestH\x00\x12\x37\n\x08progress\x18\x06 \x01(\x0b\x32#.knittrans.v1.ReportProgressRequestH\x00\x12-\n\x07\x64\x65leted\x18\x07 \x01(\x0b\x32\x1a.knittrans.v1.UnitsDeletedH\x00\x12+\n\x04wait\x18\x08 \x01(\x0b\x32\x1b.knittrans.v1.AdmissionWaitH\x00\x12\x35\n\x08reserved\x18\x0b \x01(\x0b\x32!.knittrans.v1.ReserveUnitsRequestH\x00\x12I\n\x16reservations_cancelled\x18\x0c \x01(\x0b\x32\'.knittrans.v1.CancelReservationsRequestH\x00\x12\x46\n\x10\x63onsumer_failure\x18\t \x01(\x0b\x32*.knittrans.v1.ReportConsumerFailureRequestH\x00\x42\x08\n\x06\x63hangeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,5 +36,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UNITSDELETED']._serialized_start=112
   _globals['_UNITSDELETED']._serialized_end=140
   _globals['_JOURNALRECORD']._serialized_start=143
-  _globals['_JOURNALRECORD']._serialized_end=734
+  _globals['_JOURNALRECORD']._serialized_end=806
 # @@protoc_insertion_point(module_scope)

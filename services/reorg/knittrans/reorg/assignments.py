@@ -2,13 +2,14 @@
 
 An :class:`AssignmentSource` registers the consumer, then yields its assignments in sequence order and takes
 acknowledgements (``acknowledge(s)``: everything up to ``s`` is delivered, so a restarted sidecar resumes
-after it). Two implementations:
+after it) and failures (``report_failure``: a mini-batch the sidecar could not read or pack). Two
+implementations:
 
 - :class:`AdmissionAssignmentSource`: the admission service over gRPC (``RegisterConsumer``, then
   ``WatchAssignments`` from the acknowledged sequence, reconnecting with back-off and resuming with no gap and
-  no repeat; ``ReportProgress(DELIVERED)`` for acknowledgements);
+  no repeat; ``ReportProgress(DELIVERED)`` for acknowledgements, ``ReportConsumerFailure`` for failures);
 - :class:`PlannedAssignmentSource`: plans computed in-process (embedded single-process use, benchmarks); it
-  ends after its last plan.
+  ends after its last plan and keeps the failures it was told about.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from knittrans.client.connection import ConnectionSettings, error_from_rpc, open
 from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
 from knittrans.plan_proto import encoding_assignment_to_proto
+from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import ConsumerId, Topology
 from knittrans.v1 import admission_pb2, admission_service_pb2, admission_service_pb2_grpc, plan_pb2
 from knittrans.wire import consumer_to_proto, topology_from_proto, within
@@ -151,6 +153,16 @@ class AssignmentEvent:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FailureReport:
+    """Micro-batch ``microbatch_index`` of assignment ``sequence`` could not be read or packed."""
+
+    sequence: int
+    admission: Admission
+    microbatch_index: int
+    failure: MiniBatchFailure
+
+
+@dataclass(frozen=True, kw_only=True)
 class Registration:
     topology: Topology
     acknowledged_sequence: int
@@ -165,6 +177,8 @@ class AssignmentSource(Protocol):
     def __aiter__(self) -> AsyncIterator[AssignmentEvent]: ...
 
     async def acknowledge(self, sequence: int) -> None: ...
+
+    async def report_failure(self, report: FailureReport) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -198,6 +212,7 @@ class PlannedAssignmentSource:
         consumer.check_within(self._topology)
         self._job = job
         self.acknowledged = acknowledged_sequence
+        self.failures: list[FailureReport] = []
 
     async def register(self) -> Registration:
         return Registration(topology=self._topology, acknowledged_sequence=self.acknowledged, job=self._job)
@@ -219,6 +234,9 @@ class PlannedAssignmentSource:
 
     async def acknowledge(self, sequence: int) -> None:
         self.acknowledged = max(self.acknowledged, sequence)
+
+    async def report_failure(self, report: FailureReport) -> None:
+        self.failures.append(report)
 
     async def close(self) -> None:
         return None
@@ -357,6 +375,24 @@ class AdmissionAssignmentSource:
             ),
         )
 
+    async def report_failure(self, report: FailureReport) -> None:
+        failure = admission_service_pb2.ConsumerFailure(
+            consumer=consumer_to_proto(self._consumer),
+            sequence=report.sequence,
+            train_batch_index=report.admission.train_batch_index,
+            minibatch_index=report.admission.minibatch_index,
+            microbatch_index=report.microbatch_index,
+            trajectory_id=report.failure.trajectory_id,
+            unit_key=report.failure.unit_key,
+            reason=report.failure.reason,
+        )
+        await self._unary(
+            self._stub.ReportConsumerFailure,
+            admission_service_pb2.ReportConsumerFailureRequest(
+                request_id=f"failed/{self._consumer}/{report.sequence}", failure=failure
+            ),
+        )
+
     async def close(self) -> None:
         await self._channel.close()
 
@@ -387,6 +423,7 @@ __all__ = [
     "AdmissionAssignmentSource",
     "AssignmentEvent",
     "AssignmentSource",
+    "FailureReport",
     "PlannedAssignmentSource",
     "Registration",
     "WatchSettings",

@@ -40,3 +40,8 @@ class ReorgMetrics:
             "knittrans_reorg_microbatches_published", "Micro-batches published into the ring.", ["role"],
             registry=registry,
         ).labels(role=role)
+        self.failed_minibatches = Counter(
+            "knittrans_reorg_failed_minibatches",
+            "Mini-batches this sidecar could not read or pack (it published a failure and skipped them).", ["role"],
+            registry=registry,
+        ).labels(role=role)

@@ -15,7 +15,11 @@ to ``pack_multiple``. Tensors, each at a 64-byte-aligned offset of one buffer (a
 - ``cu_seqlens`` (int32 ``[n+1]``): item boundaries in the packed stream; ``cu_seqlens_global`` (int32
   ``[n+1]``): boundaries of the padded sequences before the CP split (what THD attention with CP wants);
   ``seq_lengths`` (int32 ``[n]``): real lengths;
-- one tensor per non-sequence field, ``[n, *shape]``, and ``scalar.<name>`` (float64 ``[n]``) per scalar.
+- one tensor per non-sequence field, ``[n, *shape]``;
+- per scalar that any item of the micro-batch has: ``scalar.<name>`` (float64 ``[n]``, NaN for an item that
+  lacks it) and ``scalar_present.<name>`` (uint8 ``[n]``, 1 where the item has it). Trajectories of one job
+  may carry different scalar sets (a reward model that scores some of them, say); the mask tells a missing
+  value from a reported NaN.
 
 The work is split so that the bytes can be read *straight into place*: :func:`backbone_layout` says where
 every read lands (directly in its final tensor where the packed layout keeps the read's bytes contiguous,
@@ -43,18 +47,21 @@ from knittrans.plan import (
     merge_spans,
 )
 from knittrans.store.arrays import numpy_dtype
+from knittrans.tensor_names import (
+    CU_SEQLENS,
+    CU_SEQLENS_GLOBAL,
+    GENERATED_NAMES,
+    LABELS,
+    POSITION_IDS,
+    SCALAR_PREFIX,
+    SCALAR_PRESENT_PREFIX,
+    SEQ_LENGTHS,
+)
 from knittrans.trainer.descriptor import PackedEncodingUse, TensorSpec, aligned, check_tensor_name
 from knittrans.trainer.layout import item_offsets, packed_encoding_uses
 from knittrans.types import ByteRange, DType, UnitKey, UnitKind, UnitRef
 
-LABELS = "labels"
-POSITION_IDS = "position_ids"
-CU_SEQLENS = "cu_seqlens"
-CU_SEQLENS_GLOBAL = "cu_seqlens_global"
-SEQ_LENGTHS = "seq_lengths"
 ENCODER_INPUTS = "inputs"
-SCALAR_PREFIX = "scalar."
-GENERATED_NAMES = frozenset({LABELS, POSITION_IDS, CU_SEQLENS, CU_SEQLENS_GLOBAL, SEQ_LENGTHS})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,15 +235,8 @@ def _non_sequence_fields(mb: MicroBatchAssignment) -> dict[str, list[UnitRef]]:
 
 
 def _scalar_names(mb: MicroBatchAssignment) -> tuple[str, ...]:
-    names: tuple[str, ...] = ()
-    for i, item in enumerate(mb.items):
-        mine = tuple(sorted(name for name, _ in item.trajectory.scalars))
-        if i == 0:
-            names = mine
-        elif mine != names:
-            raise InvalidArgument(f"has scalars {list(mine)}, the first item has {list(names)}",
-                                  field=f"items[{i}].trajectory.scalars")
-    return names
+    """Every scalar any item has, sorted (an item without one gets NaN and a 0 in its presence mask)."""
+    return tuple(sorted({name for item in mb.items for name, _ in item.trajectory.scalars}))
 
 
 def label_tensor_name(field_name: str, settings: PackSettings) -> str:
@@ -293,6 +293,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
             ]
     for name in scalars:
         alloc.add(f"{SCALAR_PREFIX}{name}", DType.FLOAT64, (n,))
+        alloc.add(f"{SCALAR_PRESENT_PREFIX}{name}", DType.UINT8, (n,))
 
     reads: list[ReadPlacement] = []
     item_reads: list[_ItemReads] = []
@@ -424,10 +425,12 @@ def fill_backbone(
     padded = np.array([item.padded_tokens for item in mb.items], dtype=np.int64)
     views[CU_SEQLENS_GLOBAL][:] = np.concatenate([[0], np.cumsum(padded)]).astype(np.int32)
     views[SEQ_LENGTHS][:] = np.array([item.trajectory.num_tokens for item in mb.items], dtype=np.int32)
+    scalars = [dict(item.trajectory.scalars) for item in mb.items]
     for spec in layout.tensors:
         if spec.name.startswith(SCALAR_PREFIX):
             name = spec.name[len(SCALAR_PREFIX) :]
-            views[spec.name][:] = [dict(item.trajectory.scalars)[name] for item in mb.items]
+            views[spec.name][:] = [values.get(name, np.nan) for values in scalars]
+            views[f"{SCALAR_PRESENT_PREFIX}{name}"][:] = [name in values for values in scalars]
 
 
 def _span_rows(item: ItemAssignment, field_name: str):

@@ -8,6 +8,13 @@ micro-batch i+1 overlaps the trainers' use of micro-batch i, and the ring bounds
 An assignment is acknowledged to its source once every TP rank has released all its micro-batches, not when
 they are published: a sidecar that dies with published but unconsumed micro-batches resumes from that
 assignment after a restart, and the trainer client skips what it already consumed (by sequence and index).
+
+A micro-batch that cannot be read or packed (a unit missing from the store, bytes that disagree with their
+header, data the packer cannot lay out) never stops the sidecar, which would only fail the same way again after
+a restart. The sidecar publishes a *failure* in its place, naming the trajectory and the unit (every TP rank
+gets it, and the trainer client raises :class:`~knittrans.errors.MiniBatchFailed` for the mini-batch), reports it
+to the assignment source (the admission service journals it and shows it in its status), skips the rest of
+that mini-batch and goes on with the next one. Transient store errors are retried first (``read_retry_seconds``).
 """
 
 from __future__ import annotations
@@ -22,15 +29,16 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.plan import EncoderMicroBatchAssignment, MicroBatchAssignment
-from knittrans.reorg.assignments import AssignmentEvent, AssignmentSource, Registration
+from knittrans.reorg.assignments import AssignmentEvent, AssignmentSource, FailureReport, Registration
+from knittrans.reorg.failures import blame_by_probing
 from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.packing import PackLayout, PackSettings, backbone_layout, encoder_layout, fill_backbone
 from knittrans.reorg.reader import MicroBatchReader, ReadOutcome
 from knittrans.reorg.ring import SharedMemoryRing, SlotLease
 from knittrans.store.protocol import UnitStore
-from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.descriptor import MicroBatchDescriptor, MiniBatchFailure
 from knittrans.types import ConsumerId
 
 logger = logging.getLogger(__name__)
@@ -48,6 +56,12 @@ class DeliveryTracker:
             raise InvalidArgument(f"sequence {sequence} is not after {self._last}", field="sequence")
         self._last = sequence
         self._outstanding[sequence] = microbatches
+        return self._ready()
+
+    def cut_short(self, sequence: int, dropped: int) -> list[int]:
+        """``dropped`` micro-batches of ``sequence`` will never be published (its mini-batch failed)."""
+        if sequence in self._outstanding:
+            self._outstanding[sequence] -= dropped
         return self._ready()
 
     def released(self, sequence: int) -> list[int]:
@@ -167,10 +181,18 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         for position in range(count):
             # Decoding and layout run on the reader thread too, keeping the event loop free for the trainers.
-            micro, layout = await loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder)
+            try:
+                micro, layout = await loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder)
+            except Exception as error:
+                await self._fail(event, position, count, None, None, error)
+                return
             lease = await self.ring.acquire(max(layout.used_bytes, 1))
             try:
                 outcome, pack_seconds = await loop.run_in_executor(self._executor, self._fill, layout, micro, lease)
+            except Exception as error:
+                await self.ring.abandon(lease)
+                await self._fail(event, position, count, micro, layout, error)
+                return
             except BaseException:
                 await self.ring.abandon(lease)
                 raise
@@ -180,6 +202,44 @@ class Sidecar:
             await self.ring.publish(lease, build)
             self._metrics.published.inc()
             self._metrics.slots_occupied.set(self.ring.occupied)
+
+    async def _fail(
+        self,
+        event: AssignmentEvent,
+        position: int,
+        count: int,
+        micro: MicroBatchAssignment | EncoderMicroBatchAssignment | None,
+        layout: PackLayout | None,
+        error: Exception,
+    ) -> None:
+        """Micro-batch ``position`` of ``event`` cannot be read or packed: publish the failure in its place (the
+        last of its mini-batch here), report it, and leave the rest of the mini-batch out."""
+        loop = asyncio.get_running_loop()
+        failure = await loop.run_in_executor(self._executor, blame_by_probing, micro, layout, self._store, error)
+        admission = event.admission
+        logger.error("%s: cannot deliver mini-batch %d (train batch %d, mini-batch %d), micro-batch %d: trajectory "
+                     "%r, unit %r: %s; skipping the mini-batch", self.consumer, event.sequence,
+                     admission.train_batch_index, admission.minibatch_index, position, failure.trajectory_id,
+                     failure.unit_key, failure.reason, exc_info=not isinstance(error, KnitTransError))
+        self._metrics.failed_minibatches.inc()
+        for sequence in self._tracker.cut_short(event.sequence, count - position - 1):
+            self._acks.put_nowait(sequence)
+        lease = await self.ring.acquire(1)
+        empty = MicroBatchAssignment(index=0, last=True, num_loss_tokens=0, items=())
+        build = functools.partial(
+            self._descriptor, event=event, micro=empty, position=position, count=count,
+            layout=PackLayout(tensors=(), used_bytes=0, scratch_bytes=0, reads=(), item_offsets=(), num_tokens=0),
+            lease=lease, assigned_at=event.received_at or time.time(), failure=failure,
+        )
+        await self.ring.publish(lease, build)
+        self._metrics.slots_occupied.set(self.ring.occupied)
+        report = FailureReport(sequence=event.sequence, admission=admission, microbatch_index=position,
+                               failure=failure)
+        try:
+            await self._source.report_failure(report)
+        except KnitTransError as report_error:  # the trainers know already; the record is what is lost
+            logger.error("%s: could not report the failure of mini-batch %d: %s", self.consumer, event.sequence,
+                         report_error)
 
     def _plan_unit(
         self, event: AssignmentEvent, position: int, encoder: bool
@@ -227,9 +287,12 @@ class Sidecar:
         layout: PackLayout,
         lease: SlotLease,
         assigned_at: float,
+        failure: MiniBatchFailure | None = None,
     ) -> MicroBatchDescriptor:
         admission = event.admission
         backbone = isinstance(micro, MicroBatchAssignment)
+        encoder_inputs = () if backbone or failure is not None or not event.num_units \
+            else event.encoder_input_messages(position)
         return MicroBatchDescriptor(
             ticket=ticket,
             incarnation=self.incarnation,
@@ -240,7 +303,7 @@ class Sidecar:
             train_version=admission.train_version,
             microbatch_index=position,
             num_microbatches=count,
-            last_in_minibatch=position == count - 1,
+            last_in_minibatch=position == count - 1 or failure is not None,
             minibatch_loss_tokens=event.global_loss_tokens,
             microbatch_loss_tokens=micro.num_loss_tokens if backbone else 0,
             segment=lease.segment,
@@ -255,9 +318,10 @@ class Sidecar:
             trajectory_ids=tuple(i.trajectory.trajectory_id for i in micro.items) if backbone else (),
             trajectory_indices=tuple(i.trajectory_index for i in micro.items) if backbone else (),
             encodings=layout.encodings,
-            encoder_input_messages=() if backbone or not event.num_units else event.encoder_input_messages(position),
+            encoder_input_messages=encoder_inputs,
             assigned_at=assigned_at,
             published_at=time.time(),
+            failure=failure,
         )
 
     # ---- releases and acknowledgements ----------------------------------------------------------------------

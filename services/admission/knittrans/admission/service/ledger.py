@@ -16,6 +16,7 @@ depend on the form either report came in.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.ingest import IngestLimits, check_columns, fingerprint, oldest_versions
+from knittrans.admission.service.schema import JobSchema, check_schema, schema_of
 from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
 from knittrans.store.index import CheckedEntries, UnitIndex
 from knittrans.trajectory_batch import TrajectoryColumns
@@ -49,9 +51,14 @@ _DROP_FROM_PROTO = {number: reason for reason, number in _DROP_TO_PROTO.items()}
 _ANY_VERSION = 2**63
 _BLOCK_SHIFT = 20  # a row handle is (block number << 20) | row; a report holds at most 100,000 trajectories
 _CONFLICT_REASON = "a different trajectory with this id was already acknowledged"
+RECENT_FAILURES = 16  # consumer failures GetStatus lists
 _ACCEPTED = admission_service_pb2.REPORT_OUTCOME_ACCEPTED
 _DUPLICATE = admission_service_pb2.REPORT_OUTCOME_DUPLICATE
 _CONFLICT = admission_service_pb2.REPORT_OUTCOME_CONFLICT
+
+
+def failure_consumer(failure: admission_service_pb2.ConsumerFailure) -> ConsumerId:
+    return ConsumerId(role=failure.consumer.role, dp_rank=failure.consumer.dp_rank, cp_rank=failure.consumer.cp_rank)
 
 
 def blocking_to_proto(reason: BlockingReason) -> int:
@@ -170,6 +177,8 @@ class Applied:
     freed_keys: tuple[UnitKey, ...] = ()
     changed_blocking: bool = False
     version_changed: bool = False
+    failure: admission_service_pb2.ConsumerFailure | None = None  # a consumer failure newly recorded
+    failed_minibatch: bool = False  # ... and it is the first failure of its mini-batch
 
 
 class AdmissionLedger:
@@ -202,6 +211,13 @@ class AdmissionLedger:
         self.dropped_stale = 0
         self.released_minibatches = 0
         self.quota_violations = 0
+        # What every accepted trajectory must agree on, so that any of them can be packed together; fixed by the
+        # first accepted trajectory applied (the same one on replay).
+        self.schema: JobSchema | None = None
+        # Mini-batches a consumer could not read or pack (rare by construction: ingest keeps poison out).
+        self.failure_keys: set[tuple[ConsumerId, int]] = set()
+        self.failed_sequences: set[int] = set()
+        self.recent_failures: deque[admission_service_pb2.ConsumerFailure] = deque(maxlen=RECENT_FAILURES)
 
     # -- checking inputs (no mutation) -----------------------------------------------------------------
 
@@ -219,6 +235,7 @@ class AdmissionLedger:
         else:
             columns = TrajectoryColumns.from_messages(request.trajectories)
         check_columns(columns, self.limits, self.version, max_batch=limit)
+        check_schema(columns, self.schema, self.settings.label_fields)
         ids = columns.trajectory_ids
         outcomes = [_ACCEPTED] * count
         if self._rows.keys().isdisjoint(ids) and self._digests.keys().isdisjoint(ids):
@@ -478,6 +495,10 @@ class AdmissionLedger:
     ) -> Applied:
         if not rows:
             return Applied()
+        if self.schema is None:
+            first = next((i for i in rows if columns.accepted[i]), None)
+            if first is not None:
+                self.schema = schema_of(columns, first, self.settings.label_fields)
         if checked is None:  # recovery: check against the index as it is now
             checked = self._check_keys(columns, rows)
         if media is None:
@@ -630,6 +651,19 @@ class AdmissionLedger:
         the rollout's write that follows stores the unit again.)"""
         for key in keys:
             self.pending_deletes.pop(key, None)
+
+    def _apply_consumer_failure(self, record: journal_pb2.JournalRecord) -> Applied:
+        failure = record.consumer_failure.failure
+        key = (failure_consumer(failure), failure.sequence)
+        if key in self.failure_keys:
+            return Applied()
+        self.failure_keys.add(key)
+        first = failure.sequence not in self.failed_sequences
+        self.failed_sequences.add(failure.sequence)
+        kept = admission_service_pb2.ConsumerFailure()
+        kept.CopyFrom(failure)
+        self.recent_failures.append(kept)
+        return Applied(failure=kept, failed_minibatch=first)
 
     def _apply_deleted(self, record: journal_pb2.JournalRecord) -> Applied:
         for key in record.deleted.keys:

@@ -83,6 +83,10 @@ class AdmissionMetrics:
             "knittrans_admission_released_units_total", "Units deleted from the store after release.",
             registry=registry,
         )
+        self.failed_minibatches = Counter(
+            "knittrans_admission_failed_minibatches_total",
+            "Admitted mini-batches that a consumer could not read or pack (it skipped them).", registry=registry,
+        )
         for outcome in REPORT_OUTCOMES:
             self.reports.labels(outcome)
         for reason in DropReason:

@@ -17,10 +17,17 @@ from grpc import aio
 
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Drop, Wait
 from knittrans.admission.service.journal import Journal
-from knittrans.admission.service.ledger import AdmissionLedger, Applied, Classified, MiniBatch, blocking_to_proto
+from knittrans.admission.service.ledger import (
+    AdmissionLedger,
+    Applied,
+    Classified,
+    MiniBatch,
+    blocking_to_proto,
+    failure_consumer,
+)
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
-from knittrans.types import ConsumerId, TrajectoryId
+from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
 from knittrans.wire import consumer_from_proto, topology_to_proto, within
@@ -28,6 +35,7 @@ from knittrans.wire import consumer_from_proto, topology_to_proto, within
 logger = logging.getLogger(__name__)
 
 _STAGES = (pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
+MAX_FAILURE_REASON = 1024  # characters
 YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
 _OUTCOME_NAMES = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
                   pb.REPORT_OUTCOME_CONFLICT: "conflict"}
@@ -169,6 +177,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             self._deletions.put_nowait(key)
         if applied.version_changed:
             metrics.policy_version.set(self._ledger.version)
+        if applied.failure is not None:
+            failure = applied.failure
+            if applied.failed_minibatch:
+                metrics.failed_minibatches.inc()
+            logger.error(
+                "consumer %s could not deliver mini-batch %d (train batch %d, mini-batch %d, micro-batch %d): "
+                "trajectory %r, unit %r: %s", failure_consumer(failure), failure.sequence, failure.train_batch_index,
+                failure.minibatch_index, failure.microbatch_index, failure.trajectory_id, failure.unit_key,
+                failure.reason,
+            )
 
     def _on_admitted(self, minibatch: MiniBatch, at: float) -> None:
         metrics = self._metrics
@@ -305,6 +323,30 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             logger.info("released mini-batch %d (%d units freed)", applied.released.sequence, len(applied.freed_keys))
         return pb.ReportProgressResponse(released=applied.released is not None)
 
+    async def ReportConsumerFailure(self, request: pb.ReportConsumerFailureRequest, context: aio.ServicerContext):
+        failure = request.failure
+        consumer = _consumer(failure.consumer, "failure.consumer")
+        self._ledger.check_consumer(consumer)
+        if not 1 <= failure.sequence < self._ledger.next_sequence:
+            raise InvalidArgument(
+                f"no assignment {failure.sequence} (last is {self._ledger.next_sequence - 1})", field="failure.sequence"
+            )
+        for name in ("trajectory_id", "unit_key"):
+            if len(getattr(failure, name)) > MAX_ID_LENGTH:
+                raise InvalidArgument(f"longer than {MAX_ID_LENGTH} characters", field=f"failure.{name}")
+        if len(failure.reason) > MAX_FAILURE_REASON:
+            raise InvalidArgument(f"longer than {MAX_FAILURE_REASON} characters", field="failure.reason")
+        async with self._lock:
+            if (consumer, failure.sequence) in self._ledger.failure_keys:
+                return pb.ReportConsumerFailureResponse(recorded=False)
+            record = journal_pb2.JournalRecord(at=self._clock(), consumer_failure=request)
+            minibatch = self._ledger.minibatches.get(failure.sequence)
+            if minibatch is not None:  # the service's own indices, whatever the consumer sent
+                record.consumer_failure.failure.train_batch_index = minibatch.admission.train_batch_index
+                record.consumer_failure.failure.minibatch_index = minibatch.admission.minibatch_index
+            await self._commit(record)
+        return pb.ReportConsumerFailureResponse(recorded=True)
+
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
         async with self._lock:
             ledger = self._ledger
@@ -372,6 +414,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             admitted_total=ledger.admitted_total,
             dropped_stale=ledger.dropped_stale,
             released_minibatches=ledger.released_minibatches,
+            failed_minibatches=len(ledger.failed_sequences),
+            recent_failures=list(ledger.recent_failures),
         )
 
     # -- background work -------------------------------------------------------------------------------

@@ -1,0 +1,181 @@
+"""The job's trajectory schema, fixed by the first accepted trajectory and enforced at ingest (DESIGN.md §9, §10).
+
+The reorg packer puts the items of one micro-batch side by side, so everything it assumes about them must hold
+for every pair of trajectories the service could ever admit together:
+
+- the same stored fields (names and kinds), each per-token field with the same dtype and the same trailing
+  shape (``shape[1:]``; the leading axis is the trajectory's length), each non-sequence field with the same dtype
+  (its shape may differ: the packer then gives every item a tensor of its own, ``<name>.<item>``);
+- field names the packer can name a tensor after without colliding with one it generates
+  (:mod:`knittrans.tensor_names`), and label fields (read with one token of look-ahead) that are 1-D integers;
+- scalar names that can name a tensor. Scalar *sets* may differ: the packer fills a missing scalar with NaN and
+  marks it in ``scalar_present.<name>``.
+
+What the packer assumes about one item alone (a header's byte length matching its shape and dtype, a per-token
+field's leading axis matching the trajectory's length) is checked by :mod:`~knittrans.admission.service.ingest`.
+Trajectories a rollout filter rejected are released at once and never packed, so they are not held to the
+schema. Pure: the schema is derived from reported metadata only, so replaying the journal rebuilds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from knittrans.errors import InvalidArgument
+from knittrans.tensor_names import field_name_problem, scalar_name_problem
+from knittrans.trajectory_batch import TrajectoryColumns
+from knittrans.v1 import trajectory_pb2
+
+_TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
+_INTEGER_DTYPES = frozenset(
+    trajectory_pb2.DType.Value(f"D_TYPE_{name}")
+    for name in ("UINT8", "INT8", "UINT16", "INT16", "INT32", "UINT32", "INT64")
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldSchema:
+    """What every accepted trajectory's unit of one field must agree on."""
+
+    kind: int  # trajectory_pb2.UnitKind
+    dtype: int  # trajectory_pb2.DType
+    trailing_shape: tuple[int, ...] | None  # per-token fields: shape[1:]; None: not fixed
+
+    def describe(self) -> str:
+        kind = trajectory_pb2.UnitKind.Name(self.kind).removeprefix("UNIT_KIND_").lower()
+        dtype = trajectory_pb2.DType.Name(self.dtype).removeprefix("D_TYPE_").lower()
+        shape = "" if self.trailing_shape is None else f", rows of shape {list(self.trailing_shape)}"
+        return f"{kind} {dtype}{shape}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSchema:
+    fields: Mapping[str, FieldSchema]
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}: {schema.describe()}" for name, schema in sorted(self.fields.items()))
+
+
+def _unit_schema(columns: TrajectoryColumns, unit: int) -> FieldSchema:
+    headers = columns.unit_headers
+    kind = int(columns.unit_kinds[unit])
+    trailing = None
+    if kind == _TOKEN_FIELD:
+        start, end = int(headers.shape_offsets[unit]), int(headers.shape_offsets[unit + 1])
+        trailing = tuple(int(d) for d in headers.shape[start + 1 : end])
+    return FieldSchema(kind=kind, dtype=int(headers.dtypes[unit]), trailing_shape=trailing)
+
+
+def _unit_field(columns: TrajectoryColumns, row: int, unit: int) -> str:
+    return f"trajectories[{row}].units[{unit - int(columns.unit_offsets[row])}]"
+
+
+def schema_of(columns: TrajectoryColumns, row: int, label_fields: Collection[str]) -> JobSchema:
+    """The schema that trajectory ``row`` (valid by ingest's rules) fixes; raises :class:`InvalidArgument` if the
+    packer could not pack it even alone."""
+    fields: dict[str, FieldSchema] = {}
+    for unit in range(int(columns.unit_offsets[row]), int(columns.unit_offsets[row + 1])):
+        name = columns.field_names[int(columns.unit_fields[unit])]
+        where = _unit_field(columns, row, unit)
+        problem = field_name_problem(name)
+        if problem is not None:
+            raise InvalidArgument(problem, field=f"{where}.field_name")
+        schema = _unit_schema(columns, unit)
+        if name in label_fields and schema.kind == _TOKEN_FIELD and (
+            schema.trailing_shape or schema.dtype not in _INTEGER_DTYPES
+        ):
+            raise InvalidArgument(
+                f"labels are made from field {name!r}, so it must be a 1-D integer field, not {schema.describe()}",
+                field=f"{where}.header",
+            )
+        fields[name] = schema
+    return JobSchema(fields=fields)
+
+
+def _signature_table(columns: TrajectoryColumns, units: np.ndarray) -> np.ndarray:
+    """One row per unit: canonical field code, kind, dtype, trailing rank and trailing dimensions (per-token
+    fields only), so equal rows mean equal :class:`FieldSchema` and name."""
+    names = columns.field_names
+    first: dict[str, int] = {}
+    canonical = np.array([first.setdefault(name, i) for i, name in enumerate(names)], dtype=np.int64)
+    headers = columns.unit_headers
+    kinds = columns.unit_kinds[units]
+    token = kinds == _TOKEN_FIELD
+    ranks = np.where(token, np.maximum(headers.ranks[units] - 1, 0), 0)
+    width = int(ranks.max(initial=0))
+    table = np.zeros((len(units), 4 + width), dtype=np.uint64)
+    table[:, 0] = canonical[columns.unit_fields[units]] if len(names) else 0
+    table[:, 1] = kinds
+    table[:, 2] = headers.dtypes[units]
+    table[:, 3] = ranks
+    starts = headers.shape_offsets[units]
+    for axis in range(width):
+        present = ranks > axis
+        table[present, 4 + axis] = headers.shape[starts[present] + 1 + axis]
+    return table
+
+
+def check_schema(
+    columns: TrajectoryColumns, schema: JobSchema | None, label_fields: Collection[str]
+) -> JobSchema | None:
+    """Check a report (valid by ingest's rules) against the job's schema; without one yet, the report's first
+    accepted trajectory fixes it. Returns the schema the report was checked against (None: nothing to check)."""
+    for name in set(columns.scalar_names):
+        problem = scalar_name_problem(name)
+        if problem is not None:
+            offsets = columns.scalar_offsets.tolist()
+            index = columns.scalar_names.index(name)
+            row = int(np.searchsorted(offsets, index, side="right")) - 1
+            raise InvalidArgument(problem, field=f"trajectories[{row}].scalars")
+    accepted = np.flatnonzero(columns.accepted)
+    if not len(accepted):
+        return schema
+    if schema is None:
+        schema = schema_of(columns, int(accepted[0]), label_fields)
+    offsets = columns.unit_offsets
+    counts = np.diff(offsets)[accepted]
+    wrong_count = accepted[counts != len(schema.fields)]
+    units = np.flatnonzero(np.repeat(columns.accepted, np.diff(offsets)))
+    table = _signature_table(columns, units)
+    width = len(schema.fields)
+    if not len(wrong_count) and width and len(units):
+        # Reports usually carry the same fields in the same order for every trajectory: then one trajectory's
+        # units are every signature there is.
+        per_trajectory = table.reshape(len(accepted), -1)
+        if (per_trajectory == per_trajectory[0]).all():
+            table = table[:width]
+    unique, first = np.unique(table, axis=0, return_index=True)
+    bad_units = []
+    for signature, position in zip(unique.tolist(), first.tolist(), strict=True):
+        unit = int(units[position])
+        expected = schema.fields.get(columns.field_names[signature[0]])
+        if expected is None or expected != _unit_schema(columns, unit):
+            bad_units.append(unit)
+    # Name the first trajectory that breaks a rule, and its first offending unit.
+    rows = columns.unit_rows
+    first_bad_row = min([int(rows[u]) for u in bad_units] + wrong_count[:1].tolist(), default=None)
+    if first_bad_row is None:
+        return schema
+    for unit in range(int(offsets[first_bad_row]), int(offsets[first_bad_row + 1])):
+        name = columns.field_names[int(columns.unit_fields[unit])]
+        expected = schema.fields.get(name)
+        where = _unit_field(columns, first_bad_row, unit)
+        if expected is None:
+            raise InvalidArgument(
+                f"field {name!r} is not among the job's fields ({schema.describe()}); the job's first trajectory "
+                "fixed them", field=f"{where}.field_name")
+        found = _unit_schema(columns, unit)
+        if found != expected:
+            sub = "kind" if found.kind != expected.kind else "header.dtype" if found.dtype != expected.dtype \
+                else "header.shape"
+            raise InvalidArgument(
+                f"field {name!r} is {found.describe()}, the job's is {expected.describe()} (fixed by its first "
+                "trajectory)", field=f"{where}.{sub}")
+    present = {columns.field_names[int(columns.unit_fields[u])]
+               for u in range(int(offsets[first_bad_row]), int(offsets[first_bad_row + 1]))}
+    raise InvalidArgument(
+        f"lacks fields {sorted(set(schema.fields) - present)}: every accepted trajectory of the job stores "
+        f"{sorted(schema.fields)} (fixed by its first trajectory)", field=f"trajectories[{first_bad_row}].units")
