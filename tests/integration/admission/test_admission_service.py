@@ -4,9 +4,11 @@ progress and release, version, status, bad input, auth and metrics."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import urllib.request
 from dataclasses import replace
 
+import grpc
 import pytest
 
 from knittrans.admission.service.app import start_admission_service
@@ -199,6 +201,42 @@ async def test_token_is_required_except_for_health() -> None:
         await run(scenario)
     finally:
         await running.stop(0)
+
+
+async def test_every_rpc_refuses_an_undecodable_body_by_status_not_by_traceback(caplog) -> None:
+    """Bytes that are not protobuf: UNAUTHENTICATED without the token, else INVALID_ARGUMENT; counted, one log
+    line each, no traceback, nothing changed."""
+    caplog.set_level(logging.DEBUG)
+    running = await start_admission_service(service_settings(token="secret"))
+    methods = pb.DESCRIPTOR.services_by_name["AdmissionService"].methods
+    garbage = b"\xff\xff\xff\xff"
+
+    def scenario() -> None:
+        with grpc.insecure_channel(running.address) as channel:
+            for method in methods:
+                path = f"/{method.containing_service.full_name}/{method.name}"
+                for metadata, expected in (((), grpc.StatusCode.UNAUTHENTICATED),
+                                           ((("authorization", "Bearer secret"),), grpc.StatusCode.INVALID_ARGUMENT)):
+                    with pytest.raises(grpc.RpcError) as info:
+                        if method.server_streaming:
+                            list(channel.unary_stream(path)(garbage, timeout=10, metadata=metadata))
+                        else:
+                            channel.unary_unary(path)(garbage, timeout=10, metadata=metadata)
+                    assert info.value.code() is expected, (path, info.value.details())
+        with AdmissionClient(ConnectionSettings(target=running.address, token="secret")) as client:
+            assert client.status().pool_size == 0
+
+    try:
+        await run(scenario)
+        url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+        text = await run(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    finally:
+        await running.stop(0)
+    assert [r.getMessage() for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()] == []
+    for method in methods:
+        for code in ("UNAUTHENTICATED", "INVALID_ARGUMENT"):
+            assert (f'knittrans_rpc_errors_total{{code="{code}",method="{method.name}",'
+                    f'service="knittrans.v1.AdmissionService"}} 1.0') in text
 
 
 async def test_metrics_are_exported(service) -> None:
