@@ -139,3 +139,40 @@ def test_a_wrong_type_is_named_once_with_its_line(
     err = capsys.readouterr().err
     assert f"knittrans: error: batch.jsonl:1.{path}: expected " in err
     assert err.count("batch.jsonl:1") == 1, err
+
+
+def _disagreeing_cost(line: dict) -> dict:
+    line["multimodal"][0]["cost"] = 1.0
+    return line
+
+
+def _unknown_encoder(line: dict) -> dict:
+    line["multimodal"][0]["encoder"] = "audio"
+    return line
+
+
+def _same_id(line: dict) -> dict:
+    line["trajectory_id"] = _LINE["trajectory_id"]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (_same_id, "batch.jsonl:4.trajectory_id: id 't000' already appears at batch.jsonl:1"),
+        (_disagreeing_cost, "batch.jsonl:4.multimodal[0].cost: cost 1.0 differs from 4096.0 of the same unit at "
+                            "batch.jsonl:1.multimodal[0]"),
+        (_unknown_encoder, "batch.jsonl:4.multimodal[0].encoder: unknown encoder 'audio'"),
+    ],
+)
+def test_errors_found_across_lines_name_the_lines(
+    change, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lines 1, 2 and 4 (line 3 is blank): the planner's 0-based positions become the file's 1-based lines."""
+    example = (EXAMPLES / "batch.jsonl").read_text().splitlines()
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("\n".join([example[0], example[2], "", json.dumps(change(json.loads(example[1])))]) + "\n")
+    assert main(["plan", "--batch", str(batch), "--topology", str(EXAMPLES / "topology.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"knittrans: error: {expected}" in err
+    assert "trajectories[" not in err
