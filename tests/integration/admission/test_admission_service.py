@@ -159,8 +159,10 @@ async def test_progress_releases_after_every_consumer_and_version_advances(servi
         with AdmissionClient(service.address) as client:
             client.report([make_meta(i, source="AB"[i % 2]) for i in range(8)])
             assert client.status().admitted_total == 8  # the whole train batch, in two mini-batches
-            with pytest.raises(FailedPrecondition):
+            with pytest.raises(FailedPrecondition) as info:
                 client.advance_version(train_batch_index=1, new_version=2)
+            assert info.value.field == "new_version"  # the knittrans-field trailer, as on INVALID_ARGUMENT
+            assert str(info.value).startswith("new_version: version 2 is ahead")
             released = [client.report_progress(c, 1, ProgressStage.OPTIMIZER_STEP) for c in CONSUMERS]
             assert released == [False] * (len(CONSUMERS) - 1) + [True]
             assert client.status().released_minibatches == 1
