@@ -134,3 +134,13 @@ message M {
     )
     files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     assert uncommented(files) == ["x/probe.proto: enum value x.M.Kind.KIND_ONE"]
+
+
+def test_admitted_at_is_documented_as_unix_seconds(tmp_path: Path) -> None:
+    """The service stamps admissions with its wall clock (tests/integration/admission checks the value)."""
+    admission = next(f for f in compiled(tmp_path).file if f.name == "knittrans/v1/admission.proto")
+    comments = leading_comments(admission)
+    message = next(i for i, m in enumerate(admission.message_type) if m.name == "MiniBatchAdmission")
+    field = next(i for i, f in enumerate(admission.message_type[message].field) if f.name == "admitted_at")
+    comment = comments[(FILE_MESSAGES, message, MESSAGE_FIELDS, field)]
+    assert "Unix seconds" in comment and "since the service started" not in comment

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import urllib.request
 from dataclasses import replace
 
@@ -19,7 +20,7 @@ from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
-from knittrans.wire import trajectory_to_proto
+from knittrans.wire import consumer_to_proto, trajectory_to_proto
 
 from .builders import make_meta, service_settings
 
@@ -239,6 +240,24 @@ async def test_every_rpc_refuses_an_undecodable_body_by_status_not_by_traceback(
         for code in ("UNAUTHENTICATED", "INVALID_ARGUMENT"):
             assert (f'knittrans_rpc_errors_total{{code="{code}",method="{method.name}",'
                     f'service="knittrans.v1.AdmissionService"}} 1.0') in text
+
+
+async def test_admitted_at_is_unix_seconds(service) -> None:
+    """What MiniBatchAdmission.admitted_at documents: the wall clock, which a user correlates with logs."""
+    def scenario() -> tuple[float, float, float]:
+        with AdmissionClient(service.address) as client:
+            before = time.time()
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(4)])
+            after = time.time()
+            stub = admission_service_pb2_grpc.AdmissionServiceStub(client._channel)
+            request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(CONSUMERS[0]))
+            stream = stub.WatchAssignments(request, timeout=10)
+            first = next(stream)
+            stream.cancel()
+            return before, first.admission.admitted_at, after
+
+    before, admitted_at, after = await run(scenario)
+    assert before <= admitted_at <= after
 
 
 async def test_metrics_are_exported(service) -> None:
