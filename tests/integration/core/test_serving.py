@@ -133,3 +133,39 @@ async def test_the_plaintext_health_port_refuses_undecodable_requests_too(caplog
     finally:
         await server.stop(0)
     assert _tracebacks(caplog) == []
+
+
+async def test_a_request_stream_is_decoded_message_by_message_after_the_token_check() -> None:
+    """No KnitTrans RPC streams requests yet; the boundary must still decode such streams itself."""
+
+    async def total(requests, context) -> topology_pb2.ConsumerId:
+        return topology_pb2.ConsumerId(role="backbone", dp_rank=sum([r.dp_rank async for r in requests]))
+
+    def add_sum(server: grpc.aio.Server) -> list[str]:
+        handler = grpc.stream_unary_rpc_method_handler(
+            total, request_deserializer=topology_pb2.ConsumerId.FromString,
+            response_serializer=topology_pb2.ConsumerId.SerializeToString,
+        )
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.Sum", {"Total": handler})])
+        return ["test.Sum"]
+
+    server = await start_server(ServerSettings(auth=AuthSettings(token="s3cret")), add_services=add_sum,
+                                registry=CollectorRegistry())
+
+    def exercise() -> None:
+        good = topology_pb2.ConsumerId(dp_rank=2).SerializeToString()
+        with grpc.insecure_channel(server.address) as channel:
+            rpc = channel.stream_unary("/test.Sum/Total")
+            token = (("authorization", "Bearer s3cret"),)
+            answer = topology_pb2.ConsumerId.FromString(rpc(iter([good, good]), timeout=10, metadata=token))
+            assert answer.dp_rank == 4
+            cases = (((), grpc.StatusCode.UNAUTHENTICATED), (token, grpc.StatusCode.INVALID_ARGUMENT))
+            for metadata, expected in cases:
+                with pytest.raises(grpc.RpcError) as info:
+                    rpc(iter([good, GARBAGE]), timeout=10, metadata=metadata)
+                assert info.value.code() is expected
+
+    try:
+        await asyncio.to_thread(exercise)
+    finally:
+        await server.stop(0)

@@ -6,7 +6,8 @@ statuses (with the offending field in the ``knittrans-field`` trailer) so no han
 
 gRPC would decode a request before any interceptor code runs, so a body that is not protobuf would end as
 UNKNOWN with a logged traceback, for anyone who can connect. The boundary therefore takes the raw bytes and
-decodes them itself, after the token check.
+decodes them itself, after the token check (a request stream message by message, as the servicer iterates it;
+``context.read()`` would bypass that and return raw bytes).
 """
 
 from __future__ import annotations
