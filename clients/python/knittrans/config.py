@@ -82,25 +82,31 @@ def config_path_from_env(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def build(schema: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
-    """Convert a plain mapping into the dataclass ``schema``, rejecting unknown keys."""
+    """Convert a plain mapping into the dataclass ``schema``, rejecting unknown keys.
+
+    Every config class is built here, so every error names its key the same way: an unknown key first, then
+    the first missing required key (in declaration order, ``backbone.dp: is required``), then bad values.
+    """
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping, got {type(data).__name__}", field=prefix or "<root>")
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     for key, value in data.items():
         key_name = str(key).replace("-", "_")
         if key_name not in fields:
             known = ", ".join(sorted(fields))
             raise ConfigError(f"unknown key; known keys are: {known}", field=f"{prefix}{key}")
-        kwargs[key_name] = _convert(hints[key_name], value, f"{prefix}{key_name}")
+        given[key_name] = value
+    for name, spec in fields.items():
+        if name not in given and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            raise ConfigError("is required", field=f"{prefix}{name}")
+    kwargs = {name: _convert(hints[name], value, f"{prefix}{name}") for name, value in given.items()}
     try:
         return schema(**kwargs)
     except InvalidArgument as exc:
         field = f"{prefix}{exc.field}" if exc.field else (prefix.rstrip(".") or None)
         raise ConfigError(exc.message, field=field) from exc
-    except TypeError as exc:  # a required key is missing
-        raise ConfigError(str(exc), field=prefix.rstrip(".") or "<root>") from exc
 
 
 def _convert(annotation: Any, value: Any, field: str) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -201,15 +202,15 @@ def _header_from_json_dict(data: Any, path: str) -> UnitHeader:
     seq_axis = f.raw("seq_axis", None)
     if seq_axis is not None:
         seq_axis = f.int("seq_axis")
+    # Fields are read (and named in full) before `within`, which adds the path only to the dataclass's errors.
+    byte_length = f.int("byte_length", math.prod(shape) * dtype.itemsize)
+    content_hash = f.str("content_hash")
+    chunk_tokens = f.int("chunk_tokens", 0)
     return within(
         path,
-        lambda: UnitHeader(
-            dtype=dtype,
-            shape=shape,
-            byte_length=f.int("byte_length", math.prod(shape) * dtype.itemsize),
-            content_hash=f.str("content_hash"),
-            seq_axis=seq_axis,
-            chunk_tokens=f.int("chunk_tokens", 0),
+        partial(
+            UnitHeader, dtype=dtype, shape=shape, byte_length=byte_length, content_hash=content_hash,
+            seq_axis=seq_axis, chunk_tokens=chunk_tokens,
         ),
     )
 
@@ -283,22 +284,17 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
     default_segments = [{"version": 0, "num_tokens": num_tokens}] if num_tokens > 0 else []
     for i, raw in enumerate(f.list("segments", default_segments)):
         s = _Fields(raw, f"{f.field('segments')}[{i}]", ("version", "num_tokens"))
+        version, segment_tokens = s.int("version"), s.int("num_tokens")
         segments.append(
-            within(s.path, lambda s=s: VersionSegment(version=s.int("version"), num_tokens=s.int("num_tokens")))
+            within(s.path, partial(VersionSegment, version=version, num_tokens=segment_tokens))
         )
     units = []
     for i, raw in enumerate(f.list("units", [])):
         u = _Fields(raw, f"{f.field('units')}[{i}]", ("key", "field_name", "kind", "header"))
         header = _header_from_json_dict(u.raw("header"), u.field("header"))
         kind = _kind_from_json(u.str("kind"), u.field("kind"))
-        units.append(
-            within(
-                u.path,
-                lambda u=u, kind=kind, header=header: UnitRef(
-                    key=UnitKey(u.str("key")), field_name=u.str("field_name"), kind=kind, header=header
-                ),
-            )
-        )
+        key, field_name = UnitKey(u.str("key")), u.str("field_name")
+        units.append(within(u.path, partial(UnitRef, key=key, field_name=field_name, kind=kind, header=header)))
     multimodal = []
     for i, raw in enumerate(f.list("multimodal", [])):
         m = _Fields(raw, f"{f.field('multimodal')}[{i}]", ("key", "encoder", "cost", "placeholder", "kind", "header"))
@@ -308,17 +304,12 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
         placeholder = within(m.field("placeholder"), lambda span=span: TokenSpan(start=span[0], end=span[1]))
         header = _header_from_json_dict(m.raw("header"), m.field("header")) if m.has("header") else None
         kind = _kind_from_json(m.str("kind", "image"), m.field("kind"))
+        key, encoder, cost = UnitKey(m.str("key")), m.str("encoder"), m.float("cost")
         multimodal.append(
             within(
                 m.path,
-                lambda m=m, placeholder=placeholder, header=header, kind=kind: MultimodalRef(
-                    key=UnitKey(m.str("key")),
-                    encoder=m.str("encoder"),
-                    cost=m.float("cost"),
-                    placeholder=placeholder,
-                    kind=kind,
-                    header=header,
-                ),
+                partial(MultimodalRef, key=key, encoder=encoder, cost=cost, placeholder=placeholder, kind=kind,
+                        header=header),
             )
         )
     scalars_raw = f.raw("scalars", {})
@@ -329,21 +320,27 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise InvalidArgument(f"expected a number, got {value!r}", field=f"{f.field('scalars')}.{name}")
         scalars.append((str(name), float(value)))
+    sample_id = SampleId(f.str("sample_id", trajectory_id))
+    source = SourceName(f.str("source", "default"))
+    rollout_step = f.int("rollout_step", 0)
+    num_loss_tokens = f.int("num_loss_tokens", max(num_tokens, 0))
+    accepted = f.bool("accepted", True)
+    finished_at = f.float("finished_at", 0.0)
     return within(
         path,
         lambda: TrajectoryMeta(
             trajectory_id=TrajectoryId(trajectory_id),
-            sample_id=SampleId(f.str("sample_id", trajectory_id)),
-            source=SourceName(f.str("source", "default")),
-            rollout_step=f.int("rollout_step", 0),
+            sample_id=sample_id,
+            source=source,
+            rollout_step=rollout_step,
             num_tokens=num_tokens,
-            num_loss_tokens=f.int("num_loss_tokens", max(num_tokens, 0)),
+            num_loss_tokens=num_loss_tokens,
             segments=tuple(segments),
             units=tuple(units),
             multimodal=tuple(multimodal),
-            accepted=f.bool("accepted", True),
+            accepted=accepted,
             scalars=tuple(scalars),
-            finished_at=f.float("finished_at", 0.0),
+            finished_at=finished_at,
         ),
     )
 

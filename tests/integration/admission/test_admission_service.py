@@ -4,9 +4,12 @@ progress and release, version, status, bad input, auth and metrics."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import urllib.request
 from dataclasses import replace
 
+import grpc
 import pytest
 
 from knittrans.admission.service.app import start_admission_service
@@ -17,7 +20,7 @@ from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
-from knittrans.wire import trajectory_to_proto
+from knittrans.wire import consumer_to_proto, trajectory_to_proto
 
 from .builders import make_meta, service_settings
 
@@ -157,8 +160,10 @@ async def test_progress_releases_after_every_consumer_and_version_advances(servi
         with AdmissionClient(service.address) as client:
             client.report([make_meta(i, source="AB"[i % 2]) for i in range(8)])
             assert client.status().admitted_total == 8  # the whole train batch, in two mini-batches
-            with pytest.raises(FailedPrecondition):
+            with pytest.raises(FailedPrecondition) as info:
                 client.advance_version(train_batch_index=1, new_version=2)
+            assert info.value.field == "new_version"  # the knittrans-field trailer, as on INVALID_ARGUMENT
+            assert str(info.value).startswith("new_version: version 2 is ahead")
             released = [client.report_progress(c, 1, ProgressStage.OPTIMIZER_STEP) for c in CONSUMERS]
             assert released == [False] * (len(CONSUMERS) - 1) + [True]
             assert client.status().released_minibatches == 1
@@ -199,6 +204,60 @@ async def test_token_is_required_except_for_health() -> None:
         await run(scenario)
     finally:
         await running.stop(0)
+
+
+async def test_every_rpc_refuses_an_undecodable_body_by_status_not_by_traceback(caplog) -> None:
+    """Bytes that are not protobuf: UNAUTHENTICATED without the token, else INVALID_ARGUMENT; counted, one log
+    line each, no traceback, nothing changed."""
+    caplog.set_level(logging.DEBUG)
+    running = await start_admission_service(service_settings(token="secret"))
+    methods = pb.DESCRIPTOR.services_by_name["AdmissionService"].methods
+    garbage = b"\xff\xff\xff\xff"
+
+    def scenario() -> None:
+        with grpc.insecure_channel(running.address) as channel:
+            for method in methods:
+                path = f"/{method.containing_service.full_name}/{method.name}"
+                for metadata, expected in (((), grpc.StatusCode.UNAUTHENTICATED),
+                                           ((("authorization", "Bearer secret"),), grpc.StatusCode.INVALID_ARGUMENT)):
+                    with pytest.raises(grpc.RpcError) as info:
+                        if method.server_streaming:
+                            list(channel.unary_stream(path)(garbage, timeout=10, metadata=metadata))
+                        else:
+                            channel.unary_unary(path)(garbage, timeout=10, metadata=metadata)
+                    assert info.value.code() is expected, (path, info.value.details())
+        with AdmissionClient(ConnectionSettings(target=running.address, token="secret")) as client:
+            assert client.status().pool_size == 0
+
+    try:
+        await run(scenario)
+        url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+        text = await run(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    finally:
+        await running.stop(0)
+    assert [r.getMessage() for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()] == []
+    for method in methods:
+        for code in ("UNAUTHENTICATED", "INVALID_ARGUMENT"):
+            assert (f'knittrans_rpc_errors_total{{code="{code}",method="{method.name}",'
+                    f'service="knittrans.v1.AdmissionService"}} 1.0') in text
+
+
+async def test_admitted_at_is_unix_seconds(service) -> None:
+    """What MiniBatchAdmission.admitted_at documents: the wall clock, which a user correlates with logs."""
+    def scenario() -> tuple[float, float, float]:
+        with AdmissionClient(service.address) as client:
+            before = time.time()
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(4)])
+            after = time.time()
+            stub = admission_service_pb2_grpc.AdmissionServiceStub(client._channel)
+            request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(CONSUMERS[0]))
+            stream = stub.WatchAssignments(request, timeout=10)
+            first = next(stream)
+            stream.cancel()
+            return before, first.admission.admitted_at, after
+
+    before, admitted_at, after = await run(scenario)
+    assert before <= admitted_at <= after
 
 
 async def test_metrics_are_exported(service) -> None:

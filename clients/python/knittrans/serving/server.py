@@ -89,8 +89,9 @@ async def start_server(
     health_server = None
     health_port = None
     if settings.health_port >= 0:
-        # Kubelet's gRPC probes cannot speak TLS, so health alone is also served in plaintext.
-        health_server = aio.server()
+        # Kubelet's gRPC probes cannot speak TLS, so health alone is also served in plaintext; through the
+        # same boundary, so that what reaches this port is decoded, counted and logged like everything else.
+        health_server = aio.server(interceptors=[interceptor])
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
         health_port = health_server.add_insecure_port(f"{settings.host}:{settings.health_port}")
         await health_server.start()

@@ -138,7 +138,8 @@ class AdmissionServiceServicer:
 
     def AdvanceVersion(self, request, context):
         """The trainer's global rank 0 reports the end of a train batch and the new policy version.
-        Idempotent and monotonic: an older or equal version is acknowledged without change.
+        Idempotent and monotonic: an older or equal version is acknowledged without change. A version ahead of
+        the train batches admitted so far is FAILED_PRECONDITION naming `new_version`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

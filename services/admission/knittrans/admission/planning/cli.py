@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -53,14 +54,17 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
 def run(args: argparse.Namespace) -> int:
     # The topology file is an input document, not this process's config: no KNITTRANS_* overrides.
     topology = load_config(Topology, path=args.topology, env={})
-    trajectories = read_batch(args.batch)
+    trajectories, lines = read_batch_lines(args.batch)
     logger.info("planning %d trajectories", len(trajectories))
-    plan = plan_minibatch(
-        trajectories,
-        topology,
-        label_fields=tuple(args.label_fields or DEFAULT_LABEL_FIELDS),
-        balance_target=args.balance_target,
-    )
+    try:
+        plan = plan_minibatch(
+            trajectories,
+            topology,
+            label_fields=tuple(args.label_fields or DEFAULT_LABEL_FIELDS),
+            balance_target=args.balance_target,
+        )
+    except InvalidArgument as exc:
+        raise at_lines(exc, lines) from exc
     plan.validate()
     to_stdout = args.json is not None and str(args.json) == "-"
     write_summary(plan, sys.stderr if to_stdout else sys.stdout)
@@ -74,11 +78,17 @@ def run(args: argparse.Namespace) -> int:
 
 def read_batch(path: Path) -> list[TrajectoryMeta]:
     """Parse BATCH.jsonl; errors name the line and the field (``batch.jsonl:3.num_tokens``)."""
+    return read_batch_lines(path)[0]
+
+
+def read_batch_lines(path: Path) -> tuple[list[TrajectoryMeta], list[str]]:
+    """Parse BATCH.jsonl into its trajectories and, for each, where it is (``batch.jsonl:3``)."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise InvalidArgument(f"cannot read: {exc.strerror}", field=str(path)) from exc
     trajectories = []
+    locations = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -88,9 +98,23 @@ def read_batch(path: Path) -> list[TrajectoryMeta]:
         except json.JSONDecodeError as exc:
             raise InvalidArgument(f"not valid JSON: {exc.msg}", field=where) from None
         trajectories.append(trajectory_from_json_dict(data, where))
+        locations.append(where)
     if not trajectories:
         raise InvalidArgument("holds no trajectory", field=str(path))
-    return trajectories
+    return trajectories, locations
+
+
+_TRAJECTORY_POSITION = re.compile(r"\btrajectories\[(\d+)\]")
+
+
+def at_lines(error: InvalidArgument, locations: list[str]) -> InvalidArgument:
+    """The planner's error with each ``trajectories[i]`` (0-based, blank lines skipped) replaced by its line."""
+
+    def line(match: re.Match[str]) -> str:
+        return locations[int(match.group(1))]
+
+    field = _TRAJECTORY_POSITION.sub(line, error.field) if error.field else None
+    return type(error)(_TRAJECTORY_POSITION.sub(line, error.message), field=field)
 
 
 def write_summary(plan: Plan, out: TextIO) -> None:

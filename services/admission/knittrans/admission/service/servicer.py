@@ -355,7 +355,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 if request.new_version > admitted_up_to:
                     raise FailedPrecondition(
                         f"version {request.new_version} is ahead of the admitted train batches (next trains at "
-                        f"{admitted_up_to})"
+                        f"{admitted_up_to})",
+                        field="new_version",
                     )
                 await self._commit(journal_pb2.JournalRecord(at=self._clock(), version=request))
                 await self._admit_until_wait()
