@@ -85,8 +85,10 @@ def test_dedupe_keeps_identical_and_rejects_different_content_for_one_key():
     assert len(dedupe_writes(same)) == 1
     from knittrans.errors import Conflict
 
+    other = np.full(4, 2, dtype=np.uint8)
     with pytest.raises(Conflict):
-        dedupe_writes([UnitWrite.of("k", header, bytes([1] * 4)), UnitWrite.of("k", header, bytes([2] * 4))])
+        dedupe_writes([UnitWrite.of("k", header, bytes([1] * 4)),
+                       UnitWrite.of("k", header_of(other, DType.UINT8, sequence=False), other)])
 
 
 def test_read_stats_over_read():
