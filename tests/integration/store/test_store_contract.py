@@ -252,8 +252,10 @@ def test_a_failed_read_call_counts_no_units_and_only_what_it_moved(unit_store, p
         unit_store.get_many_into([good, bad])
     stats = unit_store.stats.snapshot()
     assert (stats.units, stats.requested_bytes) == (0, 0)
-    # whatever the backend fetched before it noticed the failure; at most the good read's bytes
-    assert stats.moved_bytes in (0, moved_for_ranges(unit_store, 4, 10))
+    # What each backend's I/O did: file read the good range before it met the bad read, Mooncake moves every
+    # read of the call in one transfer, Ray fetches no object when a key is missing, else every object whole.
+    moved = {"file": 4, "mooncake": 4, "ray": 0 if failing == "missing" else 10}
+    assert stats.moved_bytes == moved[unit_store.backend]
 
 
 # -- random units, ranges and buffer offsets against numpy slicing ---------------------------------------------
