@@ -252,10 +252,10 @@ def _copy_mapped(fd: int, size: int, ranges: Sequence[ByteRange], buffer: memory
         with memoryview(mapping) as source:
             destination = 0
             for byte_range in ranges:
-                chunk = source[byte_range.offset : byte_range.end]
-                buffer[destination : destination + chunk.nbytes] = chunk
-                tally.moved(chunk.nbytes)
-                destination += chunk.nbytes
+                # sliced inline: a named slice would keep the mapping exported past close()
+                buffer[destination : destination + byte_range.length] = source[byte_range.offset : byte_range.end]
+                tally.moved(byte_range.length)
+                destination += byte_range.length
         return destination
     finally:
         mapping.close()
