@@ -21,7 +21,8 @@ Per step:
    one) is reported separately as loop overhead. Exposed transfer is the largest group's wait, as in
    :mod:`transfer_workload`.
 
-Bytes moved are what the sidecars' unit-store clients moved (their status counters, per step); every step also
+Bytes moved are what the sidecars' unit-store clients' I/O really moved (their status counters, per step: the
+counts the store's reads and transfers returned, failed attempts included); every step also
 checks that every real token and every distinct image was delivered.
 """
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from knittrans.errors import InvalidArgument
-from knittrans.store.arrays import array_bytes, header_of, is_tensor, to_numpy
+from knittrans.store.arrays import is_tensor, to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
 from knittrans.types import (
@@ -257,11 +257,11 @@ class RolloutClient:
             sequence = array.ndim >= 1 and array.shape[0] == num_tokens and name not in trajectory.non_sequence_fields
             if array.nbytes == 0:
                 raise InvalidArgument("is empty; drop it or make it a scalar", field=f"fields.{name}")
-            header = header_of(array, dtype, sequence=sequence)
-            key = trajectory_unit_key(self._namespace, trajectory_id, name)
+            write = UnitWrite.of_array(trajectory_unit_key(self._namespace, trajectory_id, name), array, dtype,
+                                       sequence=sequence)
             kind = UnitKind.TOKEN_FIELD if sequence else UnitKind.FIELD
-            units.append(UnitRef(key=key, field_name=name, kind=kind, header=header))
-            writes.append(UnitWrite(key=key, header=header, data=array_bytes(array)))
+            units.append(UnitRef(key=write.key, field_name=name, kind=kind, header=write.header))
+            writes.append(write)
 
         multimodal: list[MultimodalRef] = []
         for i, item in enumerate(trajectory.multimodal):
@@ -270,16 +270,17 @@ class RolloutClient:
             array, dtype = to_numpy(item.data, field=f"multimodal[{i}].data")
             if array.nbytes == 0:
                 raise InvalidArgument("is empty", field=f"multimodal[{i}].data")
-            header = header_of(array, dtype, sequence=False)
-            key = multimodal_unit_key(self._namespace, sample_id, header.content_hash)
+            # Content-addressed: the store skips it when a sibling trajectory of the sample stored it first.
+            write = UnitWrite.content_addressed_of_array(
+                lambda digest: multimodal_unit_key(self._namespace, sample_id, digest), array, dtype
+            )
             multimodal.append(
                 MultimodalRef(
-                    key=key, encoder=item.encoder, cost=float(item.cost), placeholder=item.placeholder,
-                    kind=item.kind, header=header,
+                    key=write.key, encoder=item.encoder, cost=float(item.cost), placeholder=item.placeholder,
+                    kind=item.kind, header=write.header,
                 )
             )
-            # Content-addressed: the store skips it when a sibling trajectory of the sample stored it first.
-            writes.append(UnitWrite(key=key, header=header, data=array_bytes(array), content_addressed=True))
+            writes.append(write)
 
         for i, segment in enumerate(trajectory.segments):
             if not isinstance(segment, VersionSegment):

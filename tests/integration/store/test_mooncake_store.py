@@ -1,15 +1,20 @@
 """Mooncake-specific behaviour against a real master and segment owner."""
 
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from knittrans.errors import StoreFullError, Unavailable
+from knittrans.errors import StoreFullError, Unavailable, UnitNotFound
 from knittrans.launch.ports import free_port
 from knittrans.store.arrays import array_bytes, header_of
+from knittrans.store.factory import open_store
 from knittrans.store.keys import trajectory_unit_key
 from knittrans.store.mooncake import MooncakeStoreConfig, MooncakeUnitStore
 from knittrans.store.mooncake_errors import MooncakeCode
@@ -93,6 +98,7 @@ def test_delete_waits_out_a_read_lease(mooncake_store):
 WRITER = """
 import sys, numpy as np
 from knittrans.store.arrays import array_bytes, header_of
+from knittrans.store.factory import open_store
 from knittrans.store.mooncake import MooncakeStoreConfig, MooncakeUnitStore
 from knittrans.store.protocol import UnitWrite
 from knittrans.types import DType
@@ -136,3 +142,113 @@ def test_a_submit_that_fills_the_store_leaves_none_of_its_units(small_store, sma
     keys = [trajectory_unit_key("submit-full", TrajectoryId("big"), name) for name in fields]
     assert small_store.exists(keys) == [False, False, False]
     small_store.delete_many([w.key for w in fillers])
+
+
+def test_a_unit_larger_than_the_whole_store_fails_at_once_naming_key_and_sizes(small_mooncake_cluster):
+    """Opened from the launcher's URL, the store knows its largest segment; no space could ever be freed."""
+    store = open_store(small_mooncake_cluster.store_url + "&full_retry_seconds=3600")
+    too_big, _ = mib_unit("huge/a", 5, mib=40)
+    outcome: queue.Queue = queue.Queue()
+
+    def attempt() -> None:
+        try:
+            outcome.put(store.put_many([too_big]))
+        except Exception as exc:
+            outcome.put(exc)
+
+    threading.Thread(target=attempt, daemon=True).start()
+    # liveness bound only: before the fix the put waited full_retry_seconds (an hour) for space
+    error = outcome.get(timeout=120)
+    assert isinstance(error, StoreFullError), error
+    assert error.field == "huge/a"
+    assert str(40 * MIB) in str(error) and str(32 * MIB) in str(error)
+    assert store.exists([too_big.key]) == [False]
+    store.close()
+
+
+# -- leases: the launcher sets them, and deletion does not wait for them --------------------------------------
+
+LONG_LEASE_MS = 5000  # outlasts the few calls the tests make while a lease must still hold
+
+
+def child_command_lines(pid: int) -> list[str]:
+    lines = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid:
+                lines.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ValueError, IndexError):
+            continue
+    return lines
+
+
+@pytest.fixture(scope="module")
+def launched_cluster(tmp_path_factory):
+    """The documented command, run verbatim: ``python -m knittrans.launch.mooncake --lease-ttl-ms N``."""
+    log = open(tmp_path_factory.mktemp("launcher") / "launcher.log", "wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "knittrans.launch.mooncake", "--segment-size-mib", "64",
+         "--lease-ttl-ms", str(LONG_LEASE_MS)],
+        stdout=subprocess.PIPE, stderr=log, text=True,
+    )
+    url = process.stdout.readline().strip()
+    try:
+        assert url.startswith("mooncake://"), f"the launcher printed {url!r} and exited with {process.poll()}"
+        yield url, process.pid
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        log.close()
+
+
+def test_the_launcher_passes_the_lease_to_the_master(launched_cluster):
+    _, pid = launched_cluster
+    masters = [line for line in child_command_lines(pid) if "mooncake_master" in line]
+    assert len(masters) == 1
+    assert f"--default_kv_lease_ttl={LONG_LEASE_MS}" in masters[0].split()
+
+
+def test_delete_right_after_a_read_returns_while_the_lease_holds_and_the_unit_goes_later(launched_cluster):
+    url, _ = launched_cluster
+    store, observer = open_store(url), open_store(url)
+    try:
+        write, array = mib_unit("leased/a", 11)
+        store.put_many([write])
+        store.get_into(write.key, np.empty_like(array))  # the read leases the unit for LONG_LEASE_MS
+        assert store.delete_many([write.key]) == 1
+        # delete_many has returned, and the lease still holds: it did not wait for the lease
+        assert store.raw_client.remove(write.key, False) == MooncakeCode.OBJECT_HAS_LEASE
+        assert store.exists([write.key]) == [False]
+        with pytest.raises(UnitNotFound):
+            store.get_into(write.key, np.empty_like(array))
+        assert store.delete_many([write.key]) == 0
+        # the background removal ends once the lease does (polling only the store's own bookkeeping: any
+        # Mooncake read of the unit would renew its lease)
+        deadline = time.monotonic() + 120
+        while store.pending_removals() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert store.pending_removals() == 0
+        assert observer.exists([write.key]) == [False]
+    finally:
+        store.close()
+        observer.close()
+
+
+def test_a_key_deleted_under_a_lease_can_be_written_again_with_new_content(launched_cluster):
+    url, _ = launched_cluster
+    store = open_store(url)
+    try:
+        old, old_array = mib_unit("leased/b", 12)
+        store.put_many([old])
+        store.get_into(old.key, np.empty_like(old_array))
+        store.delete_many([old.key])
+        new, new_array = mib_unit("leased/b", 13)
+        assert store.put_many([new]).created == (new.key,)
+        out = np.empty_like(new_array)
+        store.get_into(new.key, out)
+        np.testing.assert_array_equal(out, new_array)
+        assert store.pending_removals() == 0  # the background removal cannot take the new unit
+        store.delete_many([new.key])
+    finally:
+        store.close()

@@ -1,10 +1,14 @@
 """The UnitStore contract, checked against every backend (file, mooncake, ray)."""
 
+import uuid
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from knittrans.errors import Conflict, InvalidArgument, UnitNotFound
-from knittrans.store.arrays import array_bytes
+from knittrans.store.arrays import array_bytes, header_of
 from knittrans.store.hashing import content_hash
 from knittrans.store.protocol import UnitRead, UnitStore, UnitWrite
 from knittrans.types import ByteRange, DType, TokenSpan, UnitHeader, UnitKey
@@ -48,7 +52,7 @@ def test_sliced_reads_move_only_the_requested_bytes(unit_store, prefix):
     np.testing.assert_array_equal(got_routing, np.r_[routing[:251], routing[750:]])
     stats = unit_store.stats.snapshot()
     assert stats.requested_bytes == sum(len(b) for b in buffers)
-    assert stats.over_read_bytes == 0
+    assert stats.moved_bytes == moved_for_ranges(unit_store, stats.requested_bytes, logprobs.nbytes + routing.nbytes)
 
 
 def test_read_into_an_offset_of_a_larger_buffer(unit_store, prefix):
@@ -151,3 +155,153 @@ def test_registered_buffers_are_read_into(unit_store, prefix):
         np.testing.assert_array_equal(ring[2000:6096], array)
     finally:
         unit_store.unregister_buffer(ring)
+
+
+# -- zero-length reads, impossible ranges, content hashes -------------------------------------------------
+
+
+def ten_byte_unit(unit_store, prefix) -> UnitKey:
+    key = UnitKey(f"{prefix}/ten")
+    unit_store.put_many([unit(key, np.arange(10, dtype=np.uint8))])
+    return key
+
+
+@pytest.mark.parametrize("ranges", [[], [ByteRange(offset=0, length=0)]], ids=["no-ranges", "zero-length-range"])
+def test_a_zero_length_read_of_a_missing_unit_is_unit_not_found(unit_store, prefix, ranges):
+    with pytest.raises(UnitNotFound) as excinfo:
+        unit_store.get_into(UnitKey(f"{prefix}/nope"), bytearray(8), ranges)
+    assert excinfo.value.field == f"{prefix}/nope"
+    with pytest.raises(UnitNotFound):
+        unit_store.get_many_into([UnitRead.of(f"{prefix}/nope", bytearray(8), ranges)])
+
+
+def test_a_zero_length_range_must_still_lie_inside_the_unit(unit_store, prefix):
+    key = ten_byte_unit(unit_store, prefix)
+    assert unit_store.get_into(key, bytearray(8), [ByteRange(offset=10, length=0)]) == 0  # at the very end
+    assert unit_store.get_into(key, bytearray(8), []) == 0
+    with pytest.raises(InvalidArgument) as excinfo:
+        unit_store.get_into(key, bytearray(8), [ByteRange(offset=100, length=0)])
+    assert excinfo.value.field == "range"
+    with pytest.raises(InvalidArgument):
+        unit_store.get_into(key, bytearray(8), [ByteRange(offset=0, length=4), ByteRange(offset=11, length=0)])
+
+
+@pytest.mark.parametrize(
+    "byte_range",
+    [ByteRange(offset=2**64, length=1), ByteRange(offset=2**64 - 1, length=2), ByteRange(offset=2**63, length=1),
+     ByteRange(offset=2**70, length=0)],
+    ids=["offset-2^64", "end-overflows-uint64", "offset-2^63", "empty-at-2^70"],
+)
+def test_a_range_far_beyond_the_unit_is_invalid(unit_store, prefix, byte_range):
+    key = ten_byte_unit(unit_store, prefix)
+    with pytest.raises(InvalidArgument) as excinfo:
+        unit_store.get_into(key, bytearray(8), [byte_range])
+    assert excinfo.value.field == "range"
+
+
+def test_a_header_whose_hash_is_not_the_hash_of_the_bytes_is_rejected(unit_store, prefix):
+    data = np.arange(10, dtype=np.int32)
+    other = header_of(data + 1, DType.INT32, sequence=True)  # right shape and size, hash of other bytes
+    with pytest.raises(InvalidArgument) as excinfo:
+        unit_store.put_many([UnitWrite.of(f"{prefix}/a", other, array_bytes(data))])
+    assert excinfo.value.field == "header.content_hash"
+    assert unit_store.exists([UnitKey(f"{prefix}/a")]) == [False]
+
+
+# -- the read statistics -----------------------------------------------------------------------------------
+
+
+def moved_for_ranges(unit_store, requested: int, unit_sizes: int) -> int:
+    """What a backend's I/O moves for ranged reads: the ranges, or the whole objects where the backend
+    cannot fetch part of one (ray)."""
+    return unit_sizes if unit_store.backend == "ray" else requested
+
+
+def test_sliced_reads_count_what_the_backend_moved(unit_store, prefix):
+    data = np.arange(4000, dtype=np.uint8)
+    key = UnitKey(f"{prefix}/s")
+    unit_store.put_many([unit(key, data)])
+    unit_store.stats.reset()
+    buffer = bytearray(300)
+    unit_store.get_into(key, buffer, [ByteRange(offset=1000, length=100), ByteRange(offset=3, length=200)])
+    stats = unit_store.stats.snapshot()
+    assert (stats.units, stats.requested_bytes) == (1, 300)
+    assert stats.moved_bytes == moved_for_ranges(unit_store, 300, data.nbytes)
+    assert stats.over_read_bytes == stats.moved_bytes - 300
+
+
+def test_zero_length_and_whole_reads_are_counted_by_one_rule(unit_store, prefix):
+    key = ten_byte_unit(unit_store, prefix)
+    unit_store.stats.reset()
+    reads = [UnitRead.of(key, bytearray(0), []), UnitRead.of(key, bytearray(4), [ByteRange(offset=5, length=0)]),
+             UnitRead.of(key, bytearray(16))]
+    assert unit_store.get_many_into(reads) == [0, 0, 10]
+    stats = unit_store.stats.snapshot()
+    assert (stats.units, stats.requested_bytes) == (3, 10)
+    assert stats.moved_bytes >= 10
+
+
+@pytest.mark.parametrize("failing", ["missing", "outside"])
+def test_a_failed_read_call_counts_no_units_and_only_what_it_moved(unit_store, prefix, failing):
+    key = ten_byte_unit(unit_store, prefix)
+    unit_store.stats.reset()
+    good = UnitRead.of(key, bytearray(4), [ByteRange(offset=2, length=4)])
+    bad = (UnitRead.of(f"{prefix}/nope", bytearray(4), [ByteRange(offset=0, length=4)]) if failing == "missing"
+           else UnitRead.of(key, bytearray(4), [ByteRange(offset=8, length=4)]))
+    with pytest.raises(UnitNotFound if failing == "missing" else InvalidArgument):
+        unit_store.get_many_into([good, bad])
+    stats = unit_store.stats.snapshot()
+    assert (stats.units, stats.requested_bytes) == (0, 0)
+    # What each backend's I/O did: file read the good range before it met the bad read, Mooncake moves every
+    # read of the call in one transfer, Ray fetches no object when a key is missing, else every object whole.
+    moved = {"file": 4, "mooncake": 4, "ray": 0 if failing == "missing" else 10}
+    assert stats.moved_bytes == moved[unit_store.backend]
+
+
+# -- random units, ranges and buffer offsets against numpy slicing ---------------------------------------------
+
+
+@st.composite
+def reads_of_a_unit(draw):
+    size = draw(st.integers(min_value=1, max_value=70_000))
+    ranged = draw(st.booleans())
+    ranges = None
+    if ranged:
+        starts = st.integers(min_value=0, max_value=size)
+        ranges = []
+        for offset in draw(st.lists(starts, max_size=4)):
+            ranges.append(ByteRange(offset=offset, length=draw(st.integers(min_value=0, max_value=size - offset))))
+    buffer_offset = draw(st.integers(min_value=0, max_value=37))
+    slack = draw(st.integers(min_value=0, max_value=9))
+    return size, ranges, buffer_offset, slack
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(reads_of_a_unit(), min_size=1, max_size=4), st.integers(min_value=0, max_value=2**32 - 1))
+def test_random_units_ranges_and_buffer_offsets_read_back_as_numpy_slices(unit_store, prefix, reads, seed):
+    rng = np.random.default_rng(seed)
+    batch = uuid.uuid4().hex[:8]
+    originals, requests, buffers, expected = {}, [], [], []
+    for i, (size, ranges, buffer_offset, slack) in enumerate(reads):
+        key = UnitKey(f"{prefix}/{batch}/{i}")
+        originals[key] = rng.integers(0, 256, size=size, dtype=np.uint8)
+        want = originals[key] if ranges is None else np.concatenate(
+            [originals[key][r.offset : r.offset + r.length] for r in ranges] or [np.empty(0, np.uint8)])
+        canary = np.full(buffer_offset + want.nbytes + slack, 0xA5, dtype=np.uint8)
+        buffers.append((canary, buffer_offset))
+        requests.append(UnitRead.of(key, memoryview(canary)[buffer_offset : buffer_offset + want.nbytes + slack],
+                                    ranges))
+        expected.append(want)
+    unit_store.put_many([unit(k, a, sequence=False) for k, a in originals.items()])
+    unit_store.stats.reset()
+    counts = unit_store.get_many_into(requests)
+    assert counts == [w.nbytes for w in expected]
+    for (canary, offset), want in zip(buffers, expected, strict=True):
+        np.testing.assert_array_equal(canary[offset : offset + want.nbytes], want)
+        assert (canary[:offset] == 0xA5).all() and (canary[offset + want.nbytes :] == 0xA5).all()
+    stats = unit_store.stats.snapshot()
+    requested = sum(w.nbytes for w in expected)
+    assert (stats.units, stats.requested_bytes) == (len(requests), requested)
+    assert stats.moved_bytes == moved_for_ranges(unit_store, requested, sum(a.nbytes for a in originals.values()))
+    unit_store.delete_many(list(originals))
+    assert unit_store.exists(list(originals)) == [False] * len(originals)

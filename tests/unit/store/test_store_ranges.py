@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from knittrans.errors import InvalidArgument
 from knittrans.store.arrays import array_bytes, header_of, numpy_dtype, to_numpy, view_unit
 from knittrans.store.hashing import content_hash
-from knittrans.store.protocol import ReadStats, UnitRead, UnitWrite, dedupe_writes
+from knittrans.store.protocol import ReadStats, ReadStatsSnapshot, UnitRead, UnitWrite, dedupe_writes
 from knittrans.types import ByteRange, DType, TokenSpan, UnitHeader
 
 NUMERIC_DTYPES = [d for d in DType if d is not DType.BFLOAT16]
@@ -85,8 +85,10 @@ def test_dedupe_keeps_identical_and_rejects_different_content_for_one_key():
     assert len(dedupe_writes(same)) == 1
     from knittrans.errors import Conflict
 
+    other = np.full(4, 2, dtype=np.uint8)
     with pytest.raises(Conflict):
-        dedupe_writes([UnitWrite.of("k", header, bytes([1] * 4)), UnitWrite.of("k", header, bytes([2] * 4))])
+        dedupe_writes([UnitWrite.of("k", header, bytes([1] * 4)),
+                       UnitWrite.of("k", header_of(other, DType.UINT8, sequence=False), other)])
 
 
 def test_read_stats_over_read():
@@ -142,3 +144,35 @@ def test_content_hash_is_stable_and_content_sensitive():
     b[50] += 1
     assert content_hash(a) != content_hash(b)
     assert len(content_hash(a)) == 32
+
+
+def test_write_rejects_a_header_whose_hash_is_of_other_bytes():
+    array = np.arange(6, dtype=np.int16)
+    header = header_of(array[::-1].copy(), DType.INT16, sequence=True)
+    with pytest.raises(InvalidArgument) as excinfo:
+        UnitWrite.of("t/a/x", header, array)
+    assert excinfo.value.field == "header.content_hash"
+
+
+def test_writes_built_from_arrays_carry_the_hash_of_their_bytes():
+    array = np.arange(12, dtype=np.float32).reshape(4, 3)
+    write = UnitWrite.of_array("t/a/x", array, DType.FLOAT32, sequence=True)
+    assert write.header == header_of(array, DType.FLOAT32, sequence=True)
+    assert UnitWrite.of("t/a/x", write.header, array) == write
+    image = np.ones((2, 2), dtype=np.uint8)
+    addressed = UnitWrite.content_addressed_of_array(lambda digest: f"t/s/mm/{digest}", image, DType.UINT8)
+    assert addressed.key == f"t/s/mm/{header_of(image, DType.UINT8, sequence=False).content_hash}"
+    assert addressed.content_addressed and addressed.header.seq_axis is None
+
+
+def test_a_read_call_that_raises_records_only_its_moved_bytes():
+    stats = ReadStats()
+    with stats.call() as tally:
+        tally.moved(10)
+        tally.completed(requested_bytes=10)
+        tally.completed(requested_bytes=0)
+    with pytest.raises(InvalidArgument), stats.call() as tally:
+        tally.moved(7)
+        tally.completed(requested_bytes=7)
+        raise InvalidArgument("bad range", field="range")
+    assert stats.snapshot() == ReadStatsSnapshot(units=2, requested_bytes=10, moved_bytes=17)

@@ -6,7 +6,11 @@ uses P2PHANDSHAKE; the master's HTTP metadata server stays off because it binds 
 RPC and metrics servers bind 127.0.0.1; Mooncake's TCP transfer engine listens on all interfaces
 (Mooncake offers no bind address for it). Everything is stopped by PID.
 
-``python -m knittrans.launch.mooncake`` runs a cluster in the foreground and prints its store URL.
+``python -m knittrans.launch.mooncake`` runs a cluster in the foreground and prints its store URL;
+``--lease-ttl-ms`` sets how long a read holds a unit against removal (the master's
+``default_kv_lease_ttl``, 10 s by default). A deletion never waits for a lease (the store removes leased
+units in the background), but the units stay in memory until it ends, so short-lived clusters (tests,
+the demo) use a short lease.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 MIB = 1 << 20
+DEFAULT_LEASE_TTL_MS = 10_000  # Mooncake's own default
 _PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, kw_only=True)
 class MooncakeClusterConfig:
     segment_size: int = 1024 * MIB  # bytes of the owner's segment: the capacity of the store
-    lease_ttl_ms: int = 10_000  # how long a read holds a unit against removal
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS  # how long a read holds a unit against removal
     eviction_high_watermark: float = 0.9
     eviction_ratio: float = 0.05
     client_ttl_s: int = 10  # how long the master keeps a silent client's segment
@@ -89,7 +94,8 @@ class MooncakeCluster:
 
     @property
     def store_url(self) -> str:
-        return f"mooncake://{self.master_address}"
+        """The store URL of this cluster; it tells clients the largest unit the segment can hold."""
+        return f"mooncake://{self.master_address}?max_unit_size={self.config.segment_size}"
 
     def stop(self) -> None:
         for process in (self.owner, self.master):
@@ -228,10 +234,13 @@ def start_mooncake(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a loopback Mooncake cluster until interrupted.")
     parser.add_argument("--segment-size-mib", type=int, default=1024)
+    parser.add_argument("--lease-ttl-ms", type=int, default=DEFAULT_LEASE_TTL_MS,
+                        help="how long a read holds a unit against removal (default: %(default)s)")
     parser.add_argument("--log-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    cluster = start_mooncake(MooncakeClusterConfig(segment_size=args.segment_size_mib * MIB), log_dir=args.log_dir)
+    config = MooncakeClusterConfig(segment_size=args.segment_size_mib * MIB, lease_ttl_ms=args.lease_ttl_ms)
+    cluster = start_mooncake(config, log_dir=args.log_dir)
     print(cluster.store_url, flush=True)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))

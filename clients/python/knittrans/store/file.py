@@ -2,7 +2,8 @@
 
 Ranges are read with ``os.preadv``; ranges of at least ``MMAP_READ_THRESHOLD`` bytes are copied from a
 read-only mapping instead, which moves large ranges about twice as fast on tmpfs. Either way only the
-requested bytes are copied.
+requested bytes are copied, and the read statistics count the bytes ``preadv`` returned and the bytes
+copied out of mappings.
 
 Under ``/dev/shm/knittrans-<job>/`` (tmpfs) it is the embedded single-machine store; on a shared
 filesystem it is the disk backend (pass ``durable=True`` to fsync before publishing).
@@ -28,8 +29,7 @@ from pathlib import Path
 
 from knittrans.errors import Conflict, InvalidArgument, StoreError, StoreFullError, UnitNotFound
 from knittrans.store.buffers import BufferLike, writable_byte_view
-from knittrans.store.hashing import content_hash
-from knittrans.store.protocol import PutResult, ReadStats, UnitRead, UnitWrite, dedupe_writes
+from knittrans.store.protocol import PutResult, ReadStats, ReadTally, UnitRead, UnitWrite, dedupe_writes
 from knittrans.types import ByteRange, UnitKey, check_id
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,8 @@ class FileUnitStore:
     def _check_same_content(self, write: UnitWrite) -> None:
         if write.content_addressed:
             return
-        if self._hash_file(write.key) != content_hash(write.data):
+        # UnitWrite checked the header's hash against the new bytes, so only the stored file is hashed.
+        if self._hash_file(write.key) != write.header.content_hash:
             raise Conflict("key already holds different content", field=write.key)
 
     def _hash_file(self, key: str) -> str | None:
@@ -172,18 +173,14 @@ class FileUnitStore:
 
     def get_many_into(self, reads: Sequence[UnitRead]) -> list[int]:
         results = []
-        requested = moved = 0
-        try:
+        with self._stats.call() as tally:
             for read in reads:
-                count = self._read(read)
+                count = self._read(read, tally)
+                tally.completed(requested_bytes=count)
                 results.append(count)
-                requested += count
-                moved += count
-        finally:
-            self._stats.record(units=len(results), requested_bytes=requested, moved_bytes=moved)
         return results
 
-    def _read(self, read: UnitRead) -> int:
+    def _read(self, read: UnitRead, tally: ReadTally) -> int:
         try:
             fd = os.open(self._path(read.key), os.O_RDONLY)
         except FileNotFoundError:
@@ -205,10 +202,11 @@ class FileUnitStore:
                             field="range",
                         )
             if any(r.length >= MMAP_READ_THRESHOLD for r in ranges):
-                return _copy_mapped(fd, size, ranges, read.buffer)
+                return _copy_mapped(fd, size, ranges, read.buffer, tally)
             destination = 0
             for byte_range in ranges:
-                _pread_exactly(fd, read.buffer[destination : destination + byte_range.length], byte_range.offset)
+                view = read.buffer[destination : destination + byte_range.length]
+                _pread_exactly(fd, view, byte_range.offset, tally)
                 destination += byte_range.length
             return destination
         finally:
@@ -245,7 +243,7 @@ class FileUnitStore:
         shutil.rmtree(self._root, ignore_errors=True)
 
 
-def _copy_mapped(fd: int, size: int, ranges: Sequence[ByteRange], buffer: memoryview) -> int:
+def _copy_mapped(fd: int, size: int, ranges: Sequence[ByteRange], buffer: memoryview, tally: ReadTally) -> int:
     """Copy ranges out of a read-only mapping: for large ranges a user-space copy from mapped tmpfs pages is
     about twice as fast here as ``preadv`` (page-by-page kernel copies). Only the ranges are copied.
     Units are never truncated (only unlinked), so the mapping cannot fault past the end."""
@@ -254,18 +252,21 @@ def _copy_mapped(fd: int, size: int, ranges: Sequence[ByteRange], buffer: memory
         with memoryview(mapping) as source:
             destination = 0
             for byte_range in ranges:
+                # sliced inline: a named slice would keep the mapping exported past close()
                 buffer[destination : destination + byte_range.length] = source[byte_range.offset : byte_range.end]
+                tally.moved(byte_range.length)
                 destination += byte_range.length
         return destination
     finally:
         mapping.close()
 
 
-def _pread_exactly(fd: int, view: memoryview, offset: int) -> None:
+def _pread_exactly(fd: int, view: memoryview, offset: int, tally: ReadTally) -> None:
     while view.nbytes:
         count = os.preadv(fd, [view], offset)
         if count == 0:
             raise StoreError("the unit file is shorter than its size")
+        tally.moved(count)
         view = view[count:]
         offset += count
 

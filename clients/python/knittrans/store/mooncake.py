@@ -4,7 +4,19 @@
   0.0.0.0). Writers contribute no segment by default (``global_segment_size=0``): the bytes live in a
   long-lived owner process (see :mod:`knittrans.launch.mooncake`), so they outlive the writer.
 * Units are put with a hard pin, so the store never evicts acknowledged data; they leave only through
-  :meth:`MooncakeUnitStore.delete_many`, which retries while a reader's lease holds a unit (-706).
+  :meth:`MooncakeUnitStore.delete_many`.
+* Every read (and every existence check of a present key) takes a lease on the unit for the master's
+  ``default_kv_lease_ttl`` (10 s by default; ``--lease-ttl-ms`` of :mod:`knittrans.launch.mooncake`),
+  and the master refuses to remove a leased unit (-706). ``delete_many`` never waits for that: it removes
+  what it can at once and hands leased units to a background thread of the store object, which retries
+  until they are gone (when their lease ends). This store object sees them as deleted at once (reads
+  raise :class:`~knittrans.errors.UnitNotFound`, ``exists`` says False; rewriting such a key first waits
+  for its removal); other clients may see them until the lease ends. :meth:`MooncakeUnitStore.close`
+  waits up to ``lease_retry_seconds`` for those removals; a process that dies first leaves those units
+  behind.
+* A unit larger than ``max_unit_size`` (the largest segment; :attr:`~knittrans.launch.mooncake.
+  MooncakeCluster.store_url` sets it) can never be stored: ``put_many`` raises ``StoreFullError`` at once
+  instead of waiting ``full_retry_seconds`` for space.
 * Bytes move by pointer with the batch calls (``batch_put_from``, ``batch_get_into``) and, for slices,
   ``get_into_ranges``; buffers that are not registered for the whole client lifetime (see
   :meth:`MooncakeUnitStore.register_buffer`) are registered around each call, which costs microseconds.
@@ -29,16 +41,20 @@ from typing import Any
 
 import numpy as np
 
-from knittrans.errors import Conflict, InvalidArgument, StoreError, StoreFullError, Unavailable
+from knittrans.errors import Conflict, InvalidArgument, StoreError, StoreFullError, Unavailable, UnitNotFound
 from knittrans.store.buffers import BufferLike, address_of, byte_view, writable_byte_view
 from knittrans.store.hashing import content_hash
 from knittrans.store.mooncake_errors import MooncakeCode, mooncake_error
-from knittrans.store.protocol import PutResult, ReadStats, UnitRead, UnitWrite, dedupe_writes
+from knittrans.store.protocol import PutResult, ReadStats, ReadTally, UnitRead, UnitWrite, dedupe_writes
 from knittrans.types import ByteRange, UnitKey
 
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
+# Mooncake takes offsets as uint64 and adds lengths to them; no unit comes near this end.
+_MAX_RANGE_END = (1 << 63) - 1
+_LEASED = (MooncakeCode.OBJECT_HAS_LEASE, MooncakeCode.OBJECT_HAS_REPLICATION_TASK)
+_REMOVED = (MooncakeCode.OK, MooncakeCode.OBJECT_NOT_FOUND)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,15 +69,17 @@ class MooncakeStoreConfig:
     global_segment_size: int = 0  # bytes this client contributes to the pool; 0: the owner process holds them
     local_buffer_size: int = 32 * MIB
     hard_pin: bool = True
+    max_unit_size: int = 0  # the largest unit any segment can hold (the largest segment); 0: not known
     full_retry_seconds: float = 5.0  # how long a put waits for space (-200) before StoreFullError
-    lease_retry_seconds: float = 30.0  # how long a delete waits out read leases (-706); > the master's lease TTL
+    # How long close() and a rewrite of a key deleted under a lease wait for leased removals; > the lease TTL.
+    lease_retry_seconds: float = 30.0
     connect_timeout_seconds: float = 3.0
 
     def __post_init__(self) -> None:
         host, _, port = self.master_address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InvalidArgument(f"must be host:port, got {self.master_address!r}", field="master_address")
-        for name in ("global_segment_size", "local_buffer_size"):
+        for name in ("global_segment_size", "local_buffer_size", "max_unit_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise InvalidArgument(f"must be a non-negative integer, got {value!r}", field=name)
@@ -107,6 +125,11 @@ class MooncakeUnitStore:
         self._stats = ReadStats()
         self._lock = threading.RLock()
         self._registered: dict[int, int] = {}  # start address -> end address of long-lived registrations
+        # Keys deleted while leased, removed by the reaper thread; guarded by _pending_changed.
+        self._pending_removal: dict[UnitKey, None] = {}
+        self._pending_changed = threading.Condition(threading.Lock())
+        self._reaper: threading.Thread | None = None
+        self._stop_reaping = False
         self._check_master_reachable()
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
@@ -154,16 +177,28 @@ class MooncakeUnitStore:
     # -- writes -------------------------------------------------------------------------------------
 
     def put_many(self, writes: Sequence[UnitWrite]) -> PutResult:
+        unique = dedupe_writes(writes)
+        if not unique:
+            return PutResult()
+        self._check_fits(unique)
+        self._finish_pending_removal([w.key for w in unique])
         with self._lock:
-            unique = dedupe_writes(writes)
-            if not unique:
-                return PutResult()
             keys = [w.key for w in unique]
             present = set(self._existing(keys))
             self._check_same_content([w for w in unique if w.key in present and not w.content_addressed])
             new = [w for w in unique if w.key not in present]
             created = self._put_new(new)
             return PutResult(created=tuple(created), already_present=tuple(k for k in keys if k in present))
+
+    def _check_fits(self, writes: Sequence[UnitWrite]) -> None:
+        limit = self._config.max_unit_size
+        for write in writes:
+            if limit and write.header.byte_length > limit:
+                raise StoreFullError(
+                    f"unit {write.key!r} of {write.header.byte_length} bytes can never fit: the largest segment "
+                    f"of the store holds {limit} bytes",
+                    field=write.key,
+                )
 
     def _existing(self, keys: Sequence[UnitKey]) -> list[UnitKey]:
         codes = self._client.batch_is_exist(list(keys))
@@ -187,7 +222,8 @@ class MooncakeUnitStore:
                 raise Conflict("key already holds different content", field=write.key)
             if count < 0:
                 raise mooncake_error(count, key=write.key, operation="batch_get_into")
-            if count != write.header.byte_length or content_hash(buffer[:count]) != content_hash(write.data):
+            # UnitWrite checked its header's hash against its bytes; only the stored bytes need hashing.
+            if count != write.header.byte_length or content_hash(buffer[:count]) != write.header.content_hash:
                 raise Conflict("key already holds different content", field=write.key)
 
     def _put_new(self, writes: Sequence[UnitWrite]) -> list[UnitKey]:
@@ -214,8 +250,10 @@ class MooncakeUnitStore:
                             raise mooncake_error(code, key=write.key, operation="batch_put_from")
                     remaining = full
                     if remaining and not backoff.wait():
+                        waiting = sum(w.header.byte_length for w in remaining)
                         raise StoreFullError(
-                            f"no space for {len(remaining)} units after {self._config.full_retry_seconds:.1f}s",
+                            f"no space for {len(remaining)} units ({waiting} bytes; the first, {remaining[0].key!r}, "
+                            f"{remaining[0].header.byte_length} bytes) after {self._config.full_retry_seconds:.1f}s",
                             field=remaining[0].key,
                         )
         except BaseException:
@@ -230,30 +268,61 @@ class MooncakeUnitStore:
         return self.get_many_into([UnitRead.of(key, buffer, ranges)])[0]
 
     def get_many_into(self, reads: Sequence[UnitRead]) -> list[int]:
-        with self._lock:
+        with self._stats.call() as tally, self._lock:
+            for read in reads:
+                self._check_readable(read)
             results = [0] * len(reads)
             whole = [i for i, r in enumerate(reads) if r.ranges is None]
             ranged = [i for i, r in enumerate(reads) if r.ranges is not None and r.requested_bytes > 0]
+            empty = [i for i, r in enumerate(reads) if r.ranges is not None and r.requested_bytes == 0]
             with self._transfer_addresses([reads[i].buffer for i in whole + ranged]) as addresses:
                 if whole:
-                    self._get_whole([reads[i] for i in whole], addresses[: len(whole)], whole, results)
+                    self._get_whole([reads[i] for i in whole], addresses[: len(whole)], whole, results, tally)
                 if ranged:
-                    self._get_ranges([reads[i] for i in ranged], addresses[len(whole) :], ranged, results)
-            moved = sum(results)
-            self._stats.record(units=len(reads), requested_bytes=moved, moved_bytes=moved)
+                    self._get_ranges([reads[i] for i in ranged], addresses[len(whole) :], ranged, results, tally)
+            for i in empty:
+                self._check_empty_read(reads[i])
+            for count in results:
+                tally.completed(requested_bytes=count)
             return results
 
-    def _get_whole(self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int]) -> None:
+    def _check_readable(self, read: UnitRead) -> None:
+        with self._pending_changed:
+            if read.key in self._pending_removal:
+                raise UnitNotFound("no such unit (deleted)", field=read.key)
+        for byte_range in read.ranges or ():
+            if byte_range.end > _MAX_RANGE_END:
+                raise InvalidArgument(
+                    f"range [{byte_range.offset}, {byte_range.end}) is outside every unit", field="range"
+                )
+
+    def _check_empty_read(self, read: UnitRead) -> None:
+        """A read of no bytes moves nothing, but the unit must exist and hold the ranges' offsets."""
+        size = self._client.get_size(read.key)
+        if size < 0:
+            raise mooncake_error(size, key=read.key, operation="get_size")
+        for byte_range in read.ranges or ():
+            if byte_range.offset > size:
+                raise InvalidArgument(
+                    f"range [{byte_range.offset}, {byte_range.end}) is outside the unit's {size} bytes", field="range"
+                )
+
+    def _get_whole(
+        self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int], tally: ReadTally
+    ) -> None:
         counts = self._client.batch_get_into([r.key for r in reads], addresses, [r.buffer.nbytes for r in reads])
+        tally.moved(sum(count for count in counts if count > 0))
         for read, slot, count in zip(reads, slots, counts, strict=True):
             if count < 0:
                 raise mooncake_error(count, key=read.key, operation="batch_get_into")
             results[slot] = count
 
-    def _get_ranges(self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int]) -> None:
+    def _get_ranges(
+        self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int], tally: ReadTally
+    ) -> None:
         all_keys, dst_offsets, src_offsets, sizes = [], [], [], []
         for read in reads:
-            ranges = [r for r in read.ranges or () if r.length]
+            ranges = read.ranges or ()
             offsets, position = [], 0
             for byte_range in ranges:
                 offsets.append(position)
@@ -263,6 +332,7 @@ class MooncakeUnitStore:
             src_offsets.append([[r.offset for r in ranges]])
             sizes.append([[r.length for r in ranges]])
         counts = self._client.get_into_ranges(addresses, all_keys, dst_offsets, src_offsets, sizes)
+        tally.moved(sum(count for per_buffer in counts for count in per_buffer[0] if count > 0))
         for read, slot, per_buffer, wanted in zip(reads, slots, counts, sizes, strict=True):
             got = per_buffer[0]
             for count, expected in zip(got, wanted[0], strict=True):
@@ -277,33 +347,108 @@ class MooncakeUnitStore:
     def exists(self, keys: Sequence[UnitKey]) -> list[bool]:
         if not keys:
             return []
+        with self._pending_changed:
+            deleted = {key for key in keys if key in self._pending_removal}
         with self._lock:
-            present = set(self._existing(keys))
+            present = set(self._existing([key for key in keys if key not in deleted]))
         return [key in present for key in keys]
 
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
-        """Remove units, waiting out read leases (-706) for up to ``lease_retry_seconds``."""
-        remaining = list(dict.fromkeys(keys))
+        """Remove units without waiting for read leases: a leased unit (-706) is removed in the background
+        once its lease ends. Returns how many of the keys existed (and were not being removed already)."""
+        with self._pending_changed:
+            unique = [key for key in dict.fromkeys(keys) if key not in self._pending_removal]
+        if not unique:
+            return 0
+        with self._lock:
+            codes = self._client.batch_remove(unique, False)
         removed = 0
+        leased: list[UnitKey] = []
+        failure: Exception | None = None
+        for key, code in zip(unique, codes, strict=True):
+            if code == MooncakeCode.OK:
+                removed += 1
+            elif code in _LEASED:
+                leased.append(key)
+            elif code != MooncakeCode.OBJECT_NOT_FOUND and failure is None:
+                failure = mooncake_error(code, key=key, operation="batch_remove")
+        if leased:
+            self._schedule_removal(leased)
+        if failure is not None:
+            raise failure
+        return removed + len(leased)
+
+    def pending_removals(self) -> int:
+        """How many deleted units are still waiting for a lease to end."""
+        with self._pending_changed:
+            return len(self._pending_removal)
+
+    def _schedule_removal(self, keys: Sequence[UnitKey]) -> None:
+        with self._pending_changed:
+            self._pending_removal.update(dict.fromkeys(keys))
+            if self._reaper is None:  # the reaper clears this under the same lock when it ends
+                self._reaper = threading.Thread(target=self._reap, name="knittrans-mooncake-removal", daemon=True)
+                self._reaper.start()
+            self._pending_changed.notify_all()
+        logger.debug("%d deleted units are leased by readers; removing them in the background", len(keys))
+
+    def _reap(self) -> None:
+        """Retry removing leased units, with back-off, until none is left or close() gives up on them."""
+        delay, cap = 0.05, 1.0
+        while True:
+            with self._pending_changed:
+                if self._stop_reaping or not self._pending_removal:
+                    self._reaper = None
+                    return
+            with self._lock:  # taken before reading the pending keys: a rewrite pops its keys under it
+                with self._pending_changed:
+                    keys = list(self._pending_removal)
+                if not keys:
+                    continue
+                try:
+                    codes = self._client.batch_remove(keys, False)
+                except Exception:  # a transient client failure must not kill the thread that owes removals
+                    logger.exception("mooncake batch_remove of %d deleted units failed; retrying", len(keys))
+                    codes = [MooncakeCode.INTERNAL_ERROR] * len(keys)
+            unexpected = [(k, c) for k, c in zip(keys, codes, strict=True) if c not in _REMOVED and c not in _LEASED]
+            if unexpected:
+                logger.warning("removing %d deleted units failed (first %r: %s); retrying", len(unexpected),
+                               unexpected[0][0], mooncake_error(unexpected[0][1], key=unexpected[0][0],
+                                                                 operation="batch_remove"))
+            with self._pending_changed:
+                for key, code in zip(keys, codes, strict=True):
+                    if code in _REMOVED:
+                        self._pending_removal.pop(key, None)
+                if not self._pending_removal:
+                    self._pending_changed.notify_all()  # wakes close()
+                    continue
+                self._pending_changed.wait(timeout=delay)
+            delay = min(delay * 2, cap)
+
+    def _finish_pending_removal(self, keys: Sequence[UnitKey]) -> None:
+        """Rewriting a key deleted under a lease: remove the old unit first (waiting for its lease), so the
+        background removal cannot take the new one."""
+        with self._pending_changed:
+            mine = [key for key in keys if key in self._pending_removal]
+            for key in mine:
+                del self._pending_removal[key]
+        remaining = mine
         backoff = _Backoff(self._config.lease_retry_seconds, first=0.05, cap=1.0)
         while remaining:
-            with self._lock:  # not held while waiting, so reads and writes go on meanwhile
+            with self._lock:
                 codes = self._client.batch_remove(remaining, False)
-            leased = []
             for key, code in zip(remaining, codes, strict=True):
-                if code == 0:
-                    removed += 1
-                elif code in (MooncakeCode.OBJECT_HAS_LEASE, MooncakeCode.OBJECT_HAS_REPLICATION_TASK):
-                    leased.append(key)
-                elif code != MooncakeCode.OBJECT_NOT_FOUND:
+                if code not in _REMOVED and code not in _LEASED:
+                    self._schedule_removal(remaining)
                     raise mooncake_error(code, key=key, operation="batch_remove")
-            remaining = leased
+            remaining = [k for k, c in zip(remaining, codes, strict=True) if c in _LEASED]
             if remaining and not backoff.wait():
+                self._schedule_removal(remaining)
                 raise StoreError(
-                    f"{len(remaining)} units still leased after {self._config.lease_retry_seconds:.1f}s",
+                    f"cannot rewrite {len(remaining)} deleted units still leased after "
+                    f"{self._config.lease_retry_seconds:.1f}s",
                     field=remaining[0],
                 )
-        return removed
 
     def register_buffer(self, buffer: BufferLike) -> None:
         view = writable_byte_view(buffer)
@@ -324,6 +469,7 @@ class MooncakeUnitStore:
                 self._client.unregister_buffer(start)
 
     def close(self) -> None:
+        self._drain_pending_removal()
         with self._lock:
             if self._closed:
                 return
@@ -332,6 +478,20 @@ class MooncakeUnitStore:
                 self._client.unregister_buffer(start)
             self._registered.clear()
             self._client.close()
+
+    def _drain_pending_removal(self) -> None:
+        """Give leased removals up to ``lease_retry_seconds`` to finish, then stop the reaper."""
+        with self._pending_changed:
+            self._pending_changed.wait_for(lambda: not self._pending_removal, timeout=self._config.lease_retry_seconds)
+            left = len(self._pending_removal)
+            self._stop_reaping = True
+            self._pending_changed.notify_all()
+            reaper = self._reaper
+        if reaper is not None:
+            reaper.join()
+        if left:
+            logger.warning("%d deleted units were still leased after %.1fs and stay in the store", left,
+                           self._config.lease_retry_seconds)
 
     # -- buffer registration ------------------------------------------------------------------------
 

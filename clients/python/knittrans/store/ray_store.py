@@ -10,8 +10,9 @@ is one extra copy inside the object store per write. Readers borrow the refs: a 
 reader still holds its array stays readable for that reader.
 
 Bytes travel as one-dimensional ``uint8`` arrays, which Ray serialises out of band (raw buffers, no
-pickling of the data). On one node a read maps the object and copies only the requested ranges; across
-nodes Ray transfers whole objects, which this store cannot see and does not count.
+pickling of the data). A read fetches whole objects (Ray cannot fetch part of one) and copies the
+requested ranges out of them, so the read statistics count every fetched object whole as moved: the
+bytes that cross the network when the object lives on another node (on its own node Ray maps it).
 """
 
 from __future__ import annotations
@@ -150,21 +151,23 @@ class RayUnitStore:
 
         if not reads:
             return []
-        refs = self._call("lookup", [r.key for r in reads])
-        for read, ref in zip(reads, refs, strict=True):
-            if ref is None:
-                raise UnitNotFound("no such unit", field=read.key)
-        try:
-            arrays = ray.get(refs)
-        except ray.exceptions.RayError as exc:
-            raise StoreError(f"ray could not fetch units: {exc}") from exc
         results = []
-        try:
+        with self._stats.call() as tally:
+            refs = self._call("lookup", [r.key for r in reads])
+            for read, ref in zip(reads, refs, strict=True):
+                if ref is None:
+                    raise UnitNotFound("no such unit", field=read.key)
+            try:
+                arrays = ray.get(refs)
+            except ray.exceptions.RayError as exc:
+                raise StoreError(f"ray could not fetch units: {exc}") from exc
+            # A ref read twice in one call is fetched once.
+            fetched = {ref.hex(): array.nbytes for ref, array in zip(refs, arrays, strict=True)}
+            tally.moved(sum(fetched.values()))
             for read, array in zip(reads, arrays, strict=True):
-                results.append(_copy_ranges(read, memoryview(array).cast("B")))
-        finally:
-            copied = sum(results)
-            self._stats.record(units=len(results), requested_bytes=copied, moved_bytes=copied)
+                count = _copy_ranges(read, memoryview(array).cast("B"))
+                tally.completed(requested_bytes=count)
+                results.append(count)
         return results
 
     def exists(self, keys: Sequence[UnitKey]) -> list[bool]:

@@ -42,6 +42,7 @@ from knittrans.wire import consumer_to_proto
 
 ENCODER = "vision"
 ENCODER_COST_PER_MICROBATCH = 64
+DEMO_LEASE_TTL_MS = 1000
 
 
 def _progress(message: str) -> None:
@@ -80,9 +81,10 @@ class DemoStack:
             self.extras.append(redis)
             state = redis.url
         if settings.store is StoreKind.MOONCAKE:
-            from knittrans.launch.mooncake import start_mooncake
+            from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
 
-            cluster = start_mooncake(log_dir=self.out / "logs")
+            # A short read lease: released units leave memory soon after their last read.
+            cluster = start_mooncake(MooncakeClusterConfig(lease_ttl_ms=DEMO_LEASE_TTL_MS), log_dir=self.out / "logs")
             self.extras.append(cluster)
             self.store_url = cluster.store_url
         else:
