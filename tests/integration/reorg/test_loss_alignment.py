@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.ingest import IngestLimits, check_columns
+from knittrans.errors import InvalidArgument
 from knittrans.plan import ConsumerAssignment
 from knittrans.reorg.packing import LABELS, PackSettings, backbone_layout, fill_backbone, tensor_view
 from knittrans.reorg.reader import MicroBatchReader
 from knittrans.rollout import RolloutClient
 from knittrans.store.file import FileUnitStore
 from knittrans.trajectory_batch import TrajectoryColumns, batch_from_metas
-from knittrans.types import BackboneTopology, ConsumerId, Topology, TrajectoryMeta, VersionSegment
+from knittrans.types import BackboneTopology, ConsumerId, FieldAlignment, Topology, TrajectoryMeta, VersionSegment
 
 VOCAB = 53
 WIDTH = 6
@@ -218,3 +219,50 @@ def test_global_loss_tokens_equal_the_naive_count(seed: int, count: int, mode: s
     plan = plan_minibatch(metas, Topology(backbone=BackboneTopology(dp=2, cp=2, max_tokens_per_microbatch=64)))
     assert plan.backbone.minibatch_loss_tokens == naive
     assert sum(m.num_loss_tokens for m in metas) == naive
+
+
+# ---- declaring alignments at submit -----------------------------------------------------------------------------
+
+
+def test_units_carry_the_declared_alignment_and_the_loss_mask_defaults_to_token(tmp_path) -> None:
+    store = FileUnitStore(tmp_path)
+    client = RolloutClient(store, namespace="align")
+    rng = np.random.default_rng(0)
+    fields = {"input_ids": rng.integers(0, VOCAB, 12, dtype=np.int32), "loss_mask": np.ones(12, np.uint8),
+              "old_log_probs": rng.standard_normal(12).astype(np.float32), "routing": np.zeros((12, 2), np.uint8),
+              "stats": np.zeros(3, np.float32)}
+    common = dict(sample_id="s", source="math", rollout_step=0, segments=(VersionSegment(version=0, num_tokens=6),))
+    default = client.submit(fields, trajectory_id="a", **common)
+    declared = client.submit(fields, trajectory_id="b", **common,
+                             field_alignment={"loss_mask": "label", "old_log_probs": "token"})
+    store.close()
+    alignment = {u.field_name: u.alignment for u in default.units}
+    assert alignment == {"input_ids": None, "loss_mask": FieldAlignment.TOKEN, "old_log_probs": None,
+                         "routing": None, "stats": None}
+    assert {u.field_name: u.alignment for u in declared.units} == dict(
+        alignment, loss_mask=FieldAlignment.LABEL, old_log_probs=FieldAlignment.TOKEN)
+    assert (default.num_loss_tokens, declared.num_loss_tokens) == (11, 11)  # the last token predicts nothing
+
+
+@pytest.mark.parametrize(
+    ("field_alignment", "extra", "field"),
+    [
+        ({"logprobs": "token"}, {}, "trajectories[0].field_alignment.logprobs"),  # not a field
+        ({"input_ids": "token"}, {}, "trajectories[0].field_alignment.input_ids"),  # the tokens field
+        ({"stats": "label"}, {}, "trajectories[0].field_alignment.stats"),  # not per-token
+        ({"loss_mask": "label"}, {"non_sequence_fields": ("loss_mask",)}, "trajectories[0].field_alignment.loss_mask"),
+        ({"loss_mask": "shifted"}, {}, "trajectories[0].field_alignment.loss_mask"),  # not an alignment
+        ({"loss_mask": 1}, {}, "trajectories[0].field_alignment.loss_mask"),
+    ],
+)
+def test_a_bad_declaration_is_named_and_nothing_is_written(field_alignment, extra, field, tmp_path) -> None:
+    store = FileUnitStore(tmp_path)
+    client = RolloutClient(store, namespace="align")
+    fields = {"input_ids": np.arange(8, dtype=np.int32), "loss_mask": np.ones(8, np.uint8),
+              "stats": np.zeros(3, np.float32)}
+    with pytest.raises(InvalidArgument) as info:
+        client.submit(fields, trajectory_id="t", sample_id="s", source="math", rollout_step=0,
+                      segments=(VersionSegment(version=0, num_tokens=4),), field_alignment=field_alignment, **extra)
+    assert info.value.field == field
+    assert not any((tmp_path / "units").iterdir())
+    store.close()
