@@ -392,10 +392,11 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
     kinds = columns.unit_kinds
     header_flags, first_dims = _header_flags(columns.unit_headers)
     token_field = kinds == _TOKEN_FIELD
-    alignments = columns.unit_alignments
     flag_parts(unit_rows, ~np.isin(kinds, _UNIT_KIND_NUMBERS) | ~columns.unit_has_header | header_flags
-               | (token_field & (~columns.unit_headers.has_seq_axis | (first_dims != num_tokens[unit_rows])))
-               | ~np.isin(alignments, _ALIGNMENT_NUMBERS) | ((alignments != 0) & ~token_field))
+               | (token_field & (~columns.unit_headers.has_seq_axis | (first_dims != num_tokens[unit_rows]))))
+    alignments = columns.unit_alignments
+    if alignments.any():
+        flag_parts(unit_rows, ~np.isin(alignments, _ALIGNMENT_NUMBERS) | ((alignments != 0) & ~token_field))
     # Multimodal references.
     flagged |= np.diff(columns.multimodal_offsets) > limits.max_multimodal
     refs = columns.multimodal_rows
