@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -278,3 +280,24 @@ def test_pack_settings_validate(value) -> None:
     with pytest.raises(InvalidArgument) as info:
         PackSettings(pack_multiple=value)
     assert info.value.field == "pack_multiple"
+
+
+def test_a_token_aligned_field_without_look_ahead_or_a_token_aligned_tokens_field_is_refused() -> None:
+    rng = np.random.default_rng(4)
+    fields = make_fields(rng, 20, with_mask=True)
+    plan = plan_minibatch([make_trajectory(0, fields)], Topology(backbone=BackboneTopology(dp=1, cp=2,
+                                                                                          max_tokens_per_microbatch=99)))
+    mb = plan.for_consumer(ConsumerId(role="backbone", dp_rank=0, cp_rank=0)).microbatches[0]
+    item = mb.items[0]
+    index = next(k for k, r in enumerate(item.reads) if r.unit.field_name == "old_logprobs")
+    reads = list(item.reads)
+    reads[index] = replace(reads[index], look_ahead=False)
+    with pytest.raises(InvalidArgument) as info:
+        backbone_layout(replace(mb, items=(replace(item, reads=tuple(reads)),)), cp=2, settings=PackSettings())
+    assert info.value.field == f"items[0].reads[{index}].look_ahead"
+    tokens = next(k for k, r in enumerate(item.reads) if r.unit.field_name == "input_ids")
+    reads = list(item.reads)
+    reads[tokens] = replace(reads[tokens], unit=replace(reads[tokens].unit, alignment=FieldAlignment.TOKEN))
+    with pytest.raises(InvalidArgument) as info:
+        backbone_layout(replace(mb, items=(replace(item, reads=tuple(reads)),)), cp=2, settings=PackSettings())
+    assert info.value.field == f"items[0].reads[{tokens}].unit.alignment"

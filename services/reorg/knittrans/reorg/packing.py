@@ -208,10 +208,12 @@ def _token_fields(mb: MicroBatchAssignment, settings: PackSettings) -> tuple[_To
                 continue
             names.add(unit.field_name)
             shifted = unit.alignment is FieldAlignment.TOKEN
-            if shifted and (unit.field_name == settings.tokens_field or not read.look_ahead):
-                raise InvalidArgument(
-                    "a token-aligned field must be read with look-ahead, and the tokens field is an input, never "
-                    "token-aligned", field=f"items[{i}].reads[{r}].unit.alignment")
+            if shifted and unit.field_name == settings.tokens_field:
+                raise InvalidArgument("the tokens field is an input; it cannot be token-aligned",
+                                      field=f"items[{i}].reads[{r}].unit.alignment")
+            if shifted and not read.look_ahead:
+                raise InvalidArgument("a token-aligned field is packed shifted by one and needs look-ahead reads",
+                                      field=f"items[{i}].reads[{r}].look_ahead")
             field = _TokenField(name=unit.field_name, dtype=unit.header.dtype, row_shape=unit.header.shape[1:],
                                 labels=read.look_ahead and not shifted)
             known = fields.setdefault(unit.field_name, field) if i == 0 else fields.get(unit.field_name)
