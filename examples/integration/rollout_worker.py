@@ -49,10 +49,15 @@ def main() -> None:
             meta = rollout.submit(
                 {
                     "input_ids": rng.integers(0, 32000, tokens, dtype=np.int32),
+                    # verl's response_mask over the whole sequence: 1 on each response token itself.
                     "loss_mask": (np.arange(tokens) >= prompt).astype(np.uint8),
-                    "logprobs": rng.standard_normal(tokens).astype(np.float32),
+                    # The rollout's log-prob of each token itself (0 on the prompt), as verl and slime keep it.
+                    "logprobs": np.where(np.arange(tokens) >= prompt, -rng.random(tokens), 0).astype(np.float32),
                     "reward": float(rng.random()),
                 },
+                # Both describe token t itself: the sidecar shifts them to line up with the labels (the next
+                # token). "token" is also the loss mask's default; docs/integration.md has the convention.
+                field_alignment={"loss_mask": "token", "logprobs": "token"},
                 trajectory_id=f"example-{i}",
                 sample_id=f"example-sample-{sample}",
                 source=sources[sample % len(sources)],
@@ -61,7 +66,8 @@ def main() -> None:
                 multimodal=(MultimodalInput(data=np.full((16, 16, 3), sample, np.uint8), encoder="vision", cost=4.0,
                                             placeholder=TokenSpan(start=2, end=6)),),
             )
-            print(f"submitted {meta.trajectory_id}: {meta.num_tokens} tokens, {len(meta.units)} units")
+            print(f"submitted {meta.trajectory_id}: {meta.num_tokens} tokens ({meta.num_loss_tokens} in the loss), "
+                  f"{len(meta.units)} units")
         reporter.close()  # flush: every trajectory is acknowledged by the service when this returns
         status = admission.status()
         print(f"admission: pool {status.pool_size}, admitted {status.admitted_total}, "

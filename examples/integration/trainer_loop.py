@@ -6,8 +6,12 @@
 Each mini-batch is one optimizer step. Its micro-batches arrive in consumption order as torch tensors that view
 shared memory (no copy); a background thread prefetches the next ones while this one computes. The loss of
 every micro-batch is normalised by the mini-batch's global loss-token count, so gradient accumulation over
-micro-batches and DP ranks gives the same result as one big batch. Finishing a mini-batch reports the optimizer
-step (its units can then be released), and global rank 0 advances the policy version after a train batch.
+micro-batches and DP ranks gives the same result as one big batch. ``labels`` is already the next token and the
+packed ``loss_mask`` is label-aligned (the sidecar shifted the token-aligned mask the rollout submitted), so the
+logits at position t meet ``labels[t]`` with no further shift, and the positions selected below add up, over all
+ranks and micro-batches, to exactly ``mini.global_loss_tokens`` (docs/integration.md, "Alignment").
+Finishing a mini-batch reports the optimizer step (its units can then be released), and global rank 0 advances
+the policy version after a train batch.
 """
 
 from __future__ import annotations
@@ -41,18 +45,20 @@ def main() -> None:
         for step, mini in enumerate(client.mini_batches()):
             optimizer.zero_grad()
             total = 0.0
+            counted = 0
             for micro in mini:
                 logits = head(embedding(micro["input_ids"].long()))
-                token_losses = torch.nn.functional.cross_entropy(
-                    logits, micro["labels"].long().clamp(min=0), reduction="none"
-                )
-                mask = (micro["labels"] >= 0) & micro["loss_mask"].bool()  # padding carries the ignore label
-                loss = (token_losses * mask).sum() / mini.global_loss_tokens
+                labels = micro["labels"].long()  # the next token; -100 at each sequence's end and on padding
+                token_losses = torch.nn.functional.cross_entropy(logits, labels.clamp(min=0), reduction="none")
+                selected = (labels != -100) & (micro["loss_mask"] != 0)
+                loss = (token_losses * selected).sum() / mini.global_loss_tokens
                 loss.backward()
                 total += float(loss)
+                counted += int(selected.sum())
             optimizer.step()
             print(f"step {step}: train batch {mini.train_batch_index} mini-batch {mini.minibatch_index}, "
-                  f"{mini.num_microbatches} micro-batches, loss {total:.4f}")
+                  f"{mini.num_microbatches} micro-batches, loss {total:.4f}, "
+                  f"loss tokens here {counted} of {mini.global_loss_tokens} in the mini-batch")
             mini.complete()
             if step + 1 >= args.minibatches:
                 break

@@ -41,6 +41,7 @@ from knittrans.types import (
     ENCODER_ROLE_PREFIX,
     ByteRange,
     ConsumerId,
+    FieldAlignment,
     MultimodalRef,
     TokenSpan,
     Topology,
@@ -601,10 +602,16 @@ class Plan:
             TokenSpan(start=int(spans[1, 0]), end=int(spans[1, 1])),
         )
 
+    def needs_look_ahead(self, unit: UnitRef) -> bool:
+        """Whether ``cp_rank``'s reads of a per-token field take the token after each chunk too: label fields
+        (labels are the next token) and token-aligned fields (packed shifted by one to be label-aligned)."""
+        return unit.field_name in self.label_fields or unit.alignment is FieldAlignment.TOKEN
+
     def read_spans(self, trajectory: int, cp_rank: int, field_name: str) -> tuple[TokenSpan, ...]:
-        """Token ranges of a per-token field that ``cp_rank`` reads (label fields with one token look-ahead)."""
+        """Token ranges of a per-token field that ``cp_rank`` reads (see :meth:`needs_look_ahead`)."""
         spans = self.backbone.cp_spans[trajectory, cp_rank]
-        look_ahead = field_name in self.label_fields
+        unit = next((u for u in self.trajectories[trajectory].units if u.field_name == field_name), None)
+        look_ahead = field_name in self.label_fields if unit is None else self.needs_look_ahead(unit)
         return tuple(
             TokenSpan(start=s, end=e)
             for s, e in _token_read_spans(spans, int(self.num_tokens[trajectory]), look_ahead=look_ahead)
@@ -736,7 +743,7 @@ class Plan:
         reads = []
         for unit in meta.units:
             if unit.kind is UnitKind.TOKEN_FIELD:
-                look_ahead = unit.field_name in self.label_fields
+                look_ahead = self.needs_look_ahead(unit)
                 token_spans = tuple(
                     TokenSpan(start=s, end=e) for s, e in _token_read_spans(spans, meta.num_tokens, look_ahead)
                 )

@@ -30,6 +30,7 @@ from knittrans.plan import (
 )
 from knittrans.types import (
     DType,
+    FieldAlignment,
     MultimodalRef,
     SampleId,
     SourceName,
@@ -234,7 +235,8 @@ def trajectory_to_json_dict(meta: TrajectoryMeta) -> dict[str, Any]:
         "num_loss_tokens": meta.num_loss_tokens,
         "segments": [{"version": s.version, "num_tokens": s.num_tokens} for s in meta.segments],
         "units": [
-            {"key": u.key, "field_name": u.field_name, "kind": u.kind.value, "header": _header_to_json_dict(u.header)}
+            {"key": u.key, "field_name": u.field_name, "kind": u.kind.value, "header": _header_to_json_dict(u.header),
+             **({"alignment": u.alignment.value} if u.alignment is not None else {})}
             for u in meta.units
         ],
         "multimodal": [
@@ -290,11 +292,13 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
         )
     units = []
     for i, raw in enumerate(f.list("units", [])):
-        u = _Fields(raw, f"{f.field('units')}[{i}]", ("key", "field_name", "kind", "header"))
+        u = _Fields(raw, f"{f.field('units')}[{i}]", ("key", "field_name", "kind", "header", "alignment"))
         header = _header_from_json_dict(u.raw("header"), u.field("header"))
         kind = _kind_from_json(u.str("kind"), u.field("kind"))
         key, field_name = UnitKey(u.str("key")), u.str("field_name")
-        units.append(within(u.path, partial(UnitRef, key=key, field_name=field_name, kind=kind, header=header)))
+        alignment = FieldAlignment.parse(u.str("alignment"), u.field("alignment")) if u.has("alignment") else None
+        units.append(within(u.path, partial(UnitRef, key=key, field_name=field_name, kind=kind, header=header,
+                                            alignment=alignment)))
     multimodal = []
     for i, raw in enumerate(f.list("multimodal", [])):
         m = _Fields(raw, f"{f.field('multimodal')}[{i}]", ("key", "encoder", "cost", "placeholder", "kind", "header"))

@@ -11,6 +11,13 @@ Splitting:
 * every array whose leading axis has length L is a per-token unit (sliceable by CP ranges), unless it
   is named in ``non_sequence_fields``; other arrays are non-sequence units, read whole;
 * Python numbers and 0-d arrays are scalars (reward, advantage, ...) and travel in the metadata;
+* ``field_alignment`` says, for per-target fields (loss mask, log-probs, per-token advantages, ...), whether
+  position t describes token t itself (``token``: verl's ``response_mask``, slime's ``loss_masks``) or the
+  prediction of token t+1 (``label``). The trainer receives every such field label-aligned, like ``labels``
+  (the reorg sidecar shifts token-aligned ones); fields not named there are inputs, packed as stored. The loss
+  mask (``loss_mask_field``) is token-aligned unless declared otherwise;
+* ``num_loss_tokens`` counts exactly the positions the loss uses: those with a label (every token but the
+  last) whose label-aligned mask is non-zero (all of them without a mask);
 * each multimodal input (one image, or one group of consecutive video frames) is one unit keyed by
   the sample id and its content hash, stored once per sample however many trajectories share it (the
   store finds the key present and skips it).
@@ -44,6 +51,7 @@ from knittrans.store.arrays import is_tensor, to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
 from knittrans.types import (
+    FieldAlignment,
     MultimodalRef,
     SampleId,
     SourceName,
@@ -115,6 +123,8 @@ class Trajectory:
     tokens_field: str = "input_ids"
     loss_mask_field: str | None = "loss_mask"
     non_sequence_fields: Collection[str] = ()
+    # Per-target field -> FieldAlignment (or its value); the loss mask defaults to token-aligned.
+    field_alignment: Mapping[str, FieldAlignment | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,8 +174,13 @@ class RolloutClient:
         tokens_field: str = "input_ids",
         loss_mask_field: str | None = "loss_mask",
         non_sequence_fields: Collection[str] = (),
+        field_alignment: Mapping[str, FieldAlignment | str] | None = None,
     ) -> TrajectoryMeta:
-        """Store one trajectory's units; returns its metadata (reported first when a reporter is set)."""
+        """Store one trajectory's units; returns its metadata (reported first when a reporter is set).
+
+        ``field_alignment`` maps per-target fields to ``"token"`` (position t describes token t: verl's and
+        slime's masks and log-probs) or ``"label"`` (position t describes the prediction of token t+1); the
+        loss mask is ``"token"`` unless named. See the module docstring and docs/integration.md."""
         trajectory = Trajectory(
             trajectory_id=trajectory_id,
             sample_id=sample_id,
@@ -180,6 +195,7 @@ class RolloutClient:
             tokens_field=tokens_field,
             loss_mask_field=loss_mask_field,
             non_sequence_fields=non_sequence_fields,
+            field_alignment=field_alignment or {},
         )
         return self.submit_many([trajectory])[0]
 
@@ -249,18 +265,24 @@ class RolloutClient:
         num_tokens = arrays[trajectory.tokens_field][0].shape[0]
         if num_tokens < 1:
             raise InvalidArgument("holds no tokens", field=f"fields.{trajectory.tokens_field}")
-        num_loss_tokens = self._count_loss_tokens(trajectory, arrays, num_tokens)
+        sequence_fields = {
+            name for name, (array, _) in arrays.items()
+            if array.ndim >= 1 and array.shape[0] == num_tokens and name not in trajectory.non_sequence_fields
+        }
+        alignments = self._alignments(trajectory, sequence_fields)
+        num_loss_tokens = self._count_loss_tokens(trajectory, arrays, num_tokens, alignments)
 
         writes: list[UnitWrite] = []
         units: list[UnitRef] = []
         for name, (array, dtype) in arrays.items():
-            sequence = array.ndim >= 1 and array.shape[0] == num_tokens and name not in trajectory.non_sequence_fields
+            sequence = name in sequence_fields
             if array.nbytes == 0:
                 raise InvalidArgument("is empty; drop it or make it a scalar", field=f"fields.{name}")
             write = UnitWrite.of_array(trajectory_unit_key(self._namespace, trajectory_id, name), array, dtype,
                                        sequence=sequence)
             kind = UnitKind.TOKEN_FIELD if sequence else UnitKind.FIELD
-            units.append(UnitRef(key=write.key, field_name=name, kind=kind, header=write.header))
+            units.append(UnitRef(key=write.key, field_name=name, kind=kind, header=write.header,
+                                 alignment=alignments.get(name)))
             writes.append(write)
 
         multimodal: list[MultimodalRef] = []
@@ -302,19 +324,46 @@ class RolloutClient:
         return _Split(meta=meta, writes=tuple(writes))
 
     @staticmethod
+    def _alignments(trajectory: Trajectory, sequence_fields: Collection[str]) -> dict[str, FieldAlignment]:
+        """The declared alignments, checked; the loss mask is token-aligned unless declared otherwise."""
+        declared = trajectory.field_alignment
+        if not isinstance(declared, Mapping):
+            raise InvalidArgument("must map field names to 'token' or 'label'", field="field_alignment")
+        alignments: dict[str, FieldAlignment] = {}
+        for name, value in declared.items():
+            where = f"field_alignment.{name}"
+            if name not in trajectory.fields:
+                raise InvalidArgument("is not one of the fields", field=where)
+            if name == trajectory.tokens_field:
+                raise InvalidArgument("is the tokens field, an input: labels are made from it", field=where)
+            if name not in sequence_fields:
+                raise InvalidArgument("is not a per-token field; only those have an alignment", field=where)
+            alignments[name] = FieldAlignment.parse(value if isinstance(value, str) else repr(value), where)
+        mask = trajectory.loss_mask_field
+        if mask is not None and mask in sequence_fields:
+            alignments.setdefault(mask, FieldAlignment.TOKEN)
+        return alignments
+
+    @staticmethod
     def _count_loss_tokens(
-        trajectory: Trajectory, arrays: Mapping[str, tuple[np.ndarray, Any]], num_tokens: int
+        trajectory: Trajectory, arrays: Mapping[str, tuple[np.ndarray, Any]], num_tokens: int,
+        alignments: Mapping[str, FieldAlignment],
     ) -> int:
+        """The positions the loss uses: a label exists (every token but the last) and the mask, label-aligned,
+        is non-zero there."""
         name = trajectory.loss_mask_field
         if name is None:
-            return num_tokens
+            return num_tokens - 1
         if name not in arrays:
             raise InvalidArgument("is missing from the fields (pass loss_mask_field=None if there is none)",
                                   field=f"fields.{name}")
         mask = arrays[name][0]
-        if mask.ndim != 1 or mask.shape[0] != num_tokens:
-            raise InvalidArgument(f"must have shape ({num_tokens},), got {mask.shape}", field=f"fields.{name}")
-        return int(np.count_nonzero(mask))
+        if mask.ndim != 1 or mask.shape[0] != num_tokens or name not in alignments:
+            raise InvalidArgument(f"must be a per-token field of shape ({num_tokens},), got {mask.shape}",
+                                  field=f"fields.{name}")
+        if alignments[name] is FieldAlignment.TOKEN:
+            return int(np.count_nonzero(mask[1:]))  # token 0 is never a target
+        return int(np.count_nonzero(mask[:-1]))  # the last position predicts nothing
 
     # -- writing ------------------------------------------------------------------------------------
 

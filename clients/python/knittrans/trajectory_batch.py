@@ -22,11 +22,15 @@ from functools import cached_property
 import numpy as np
 
 from knittrans.errors import InvalidArgument
-from knittrans.types import DType, TrajectoryMeta, UnitHeader, UnitKind
+from knittrans.types import DType, FieldAlignment, TrajectoryMeta, UnitHeader, UnitKind
 from knittrans.v1 import trajectory_pb2
 
 _DTYPE_TO_PROTO = {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for dtype in DType}
 _KIND_TO_PROTO = {kind: trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}") for kind in UnitKind}
+_ALIGNMENT_TO_PROTO = {
+    None: trajectory_pb2.FIELD_ALIGNMENT_UNSPECIFIED,
+    **{a: trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{a.name}") for a in FieldAlignment},
+}
 
 _HEADER_COLUMNS = ("dtypes", "ranks", "shape", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes",
                    "chunk_tokens")
@@ -92,6 +96,7 @@ class _ColumnLists:
         self.unit_fields: list[int] = []
         self.field_names: dict[str, int] = {}  # name -> its index
         self.unit_kinds: list[int] = []
+        self.unit_alignments: list[int] = []
         self.unit_has_header: list[bool] = []
         self.unit_headers = _HeaderLists()
         self.multimodal_counts: list[int] = []
@@ -129,6 +134,7 @@ class _ColumnLists:
             self.unit_keys.append(unit.key)
             self.unit_fields.append(names.setdefault(unit.field_name, len(names)))
             self.unit_kinds.append(unit.kind)
+            self.unit_alignments.append(unit.alignment)
             if unit.HasField("header"):
                 self.unit_has_header.append(True)
                 self.unit_headers.add_message(unit.header)
@@ -175,6 +181,7 @@ class _ColumnLists:
             self.unit_keys.append(unit.key)
             self.unit_fields.append(names.setdefault(unit.field_name, len(names)))
             self.unit_kinds.append(_KIND_TO_PROTO[unit.kind])
+            self.unit_alignments.append(_ALIGNMENT_TO_PROTO[unit.alignment])
             self.unit_has_header.append(True)
             self.unit_headers.add_meta(unit.header)
         self.multimodal_counts.append(len(meta.multimodal))
@@ -204,6 +211,8 @@ class _ColumnLists:
         fields = {name: value for name, value in vars(self).items() if name not in ("unit_has_header",)}
         fields["field_names"] = list(self.field_names)
         fields["encoders"] = list(self.encoders)
+        if not any(self.unit_alignments):  # the column is left empty when no unit has an alignment
+            fields["unit_alignments"] = []
         fields["unit_headers"] = self.unit_headers.to_proto()
         fields["multimodal_headers"] = self.multimodal_headers.to_proto()
         return trajectory_pb2.TrajectoryBatch(**fields)
@@ -372,6 +381,7 @@ class TrajectoryColumns:
     unit_fields: np.ndarray  # int64, indices into field_names
     field_names: list[str]
     unit_kinds: np.ndarray  # int64
+    unit_alignments: np.ndarray  # int64 (proto FieldAlignment numbers; 0: none)
     unit_has_header: np.ndarray  # bool
     unit_headers: HeaderColumns
     multimodal_offsets: np.ndarray
@@ -417,6 +427,7 @@ class TrajectoryColumns:
             unit_fields=np.array(lists.unit_fields, dtype=np.int64),
             field_names=list(lists.field_names),
             unit_kinds=np.array(lists.unit_kinds, dtype=np.int64),
+            unit_alignments=np.array(lists.unit_alignments, dtype=np.int64),
             unit_has_header=np.array(lists.unit_has_header, dtype=bool),
             unit_headers=HeaderColumns.from_lists(lists.unit_headers),
             multimodal_offsets=_offsets(np.array(lists.multimodal_counts, dtype=np.int64)),
@@ -456,6 +467,11 @@ class TrajectoryColumns:
             for name in names:
                 _check_length(name, getattr(batch, name), int(offsets[-1]), what)
         num_units = int(unit_offsets[-1])
+        if batch.unit_alignments:
+            _check_length("unit_alignments", batch.unit_alignments, num_units, "the sum of unit_counts, or none")
+            unit_alignments = _column(batch.unit_alignments, np.int64)
+        else:
+            unit_alignments = np.zeros(num_units, dtype=np.int64)
         unit_fields = _indices(batch.unit_fields, len(batch.field_names), "unit_fields", "field_names")
         encoder_indices = _indices(batch.multimodal_encoders, len(batch.encoders), "multimodal_encoders", "encoders")
         has_header = _column(batch.multimodal_has_header, bool)
@@ -477,6 +493,7 @@ class TrajectoryColumns:
             unit_fields=unit_fields,
             field_names=list(batch.field_names),
             unit_kinds=_column(batch.unit_kinds, np.int64),
+            unit_alignments=unit_alignments,
             unit_has_header=np.ones(num_units, dtype=bool),
             unit_headers=HeaderColumns.from_proto(batch.unit_headers, num_units, "unit_headers"),
             multimodal_offsets=multimodal_offsets,
@@ -545,7 +562,8 @@ class TrajectoryColumns:
     def _python(self) -> dict[str, list]:
         """Plain-Python numeric columns, for building messages (indexing numpy arrays one by one is slow)."""
         names = ("rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_offsets",
-                 "segment_versions", "segment_tokens", "unit_offsets", "unit_kinds", "multimodal_offsets",
+                 "segment_versions", "segment_tokens", "unit_offsets", "unit_kinds", "unit_alignments",
+                 "multimodal_offsets",
                  "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds",
                  "multimodal_header_index", "scalar_offsets", "scalar_values")
         return {name: tuple(getattr(self, name).tolist()) for name in names}  # untracked by the collector
@@ -557,7 +575,7 @@ class TrajectoryColumns:
         s0, s1 = p["segment_offsets"][i], p["segment_offsets"][i + 1]
         versions, lengths = p["segment_versions"], p["segment_tokens"]
         u0, u1 = p["unit_offsets"][i], p["unit_offsets"][i + 1]
-        keys, names, kinds = self.unit_keys, self.unit_field_names, p["unit_kinds"]
+        keys, names, kinds, alignments = self.unit_keys, self.unit_field_names, p["unit_kinds"], p["unit_alignments"]
         unit_header = self.unit_headers.fields
         m0, m1 = p["multimodal_offsets"][i], p["multimodal_offsets"][i + 1]
         multimodal = []
@@ -581,7 +599,8 @@ class TrajectoryColumns:
             "num_loss_tokens": p["num_loss_tokens"][i],
             "segments": [{"version": versions[k], "num_tokens": lengths[k]} for k in range(s0, s1)],
             "units": [
-                {"key": keys[k], "field_name": names[k], "kind": kinds[k], "header": unit_header(k)}
+                {"key": keys[k], "field_name": names[k], "kind": kinds[k], "header": unit_header(k),
+                 **({"alignment": alignments[k]} if alignments[k] else {})}
                 for k in range(u0, u1)
             ],
             "multimodal": multimodal,
@@ -619,6 +638,7 @@ class TrajectoryColumns:
         if not self.unit_has_header[units].all():
             raise InvalidArgument("a unit has no header", field="units")
         header_index = self.multimodal_header_index[refs]
+        alignments = self.unit_alignments[units]
         return trajectory_pb2.TrajectoryBatch(
             trajectory_ids=[self.trajectory_ids[i] for i in row_list],
             sample_ids=[self.sample_ids[i] for i in row_list],
@@ -636,6 +656,7 @@ class TrajectoryColumns:
             unit_fields=self.unit_fields[units].tolist(),
             field_names=self.field_names,
             unit_kinds=self.unit_kinds[units].tolist(),
+            unit_alignments=alignments.tolist() if alignments.any() else [],
             unit_headers=self.unit_headers.take(units),
             multimodal_counts=np.diff(self.multimodal_offsets)[rows].tolist(),
             multimodal_keys=[self.multimodal_keys[k] for k in ref_list],

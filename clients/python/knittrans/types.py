@@ -100,6 +100,27 @@ class UnitKind(StrEnum):
     VIDEO = "video"  # one group of consecutive frames
 
 
+class FieldAlignment(StrEnum):
+    """What position t of a per-target field (loss mask, log-probs, advantages, ...) describes.
+
+    The packer delivers every such field *label-aligned*, like ``labels``: packed position t carries what
+    concerns the prediction of token t+1 from position t. It shifts a token-aligned field left by one inside
+    each trajectory to get there. Fields without an alignment (inputs such as MoE routing) are packed as stored.
+    """
+
+    TOKEN = "token"  # position t describes token t itself (verl's response_mask, slime's loss_masks)
+    LABEL = "label"  # position t describes the prediction of token t+1 (already aligned with ``labels``)
+
+    @classmethod
+    def parse(cls, value: str, field_name: str = "alignment") -> FieldAlignment:
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidArgument(
+                f"unknown alignment {value!r}; expected one of {', '.join(a.value for a in cls)}", field=field_name
+            ) from None
+
+
 class AdmissionUnit(StrEnum):
     TRAJECTORY = "trajectory"
     GROUP = "group"
@@ -204,12 +225,16 @@ class UnitHeader:
 
 @dataclass(frozen=True, kw_only=True)
 class UnitRef:
-    """One stored unit of a trajectory: its key, the field it holds and its header."""
+    """One stored unit of a trajectory: its key, the field it holds and its header.
+
+    ``alignment`` is set only on per-target token fields (see :class:`FieldAlignment`); the packer shifts a
+    token-aligned one so that it reaches the trainer label-aligned."""
 
     key: UnitKey
     field_name: str
     kind: UnitKind
     header: UnitHeader
+    alignment: FieldAlignment | None = None
 
     def __post_init__(self) -> None:
         check_id(self.key, "key")
@@ -218,6 +243,11 @@ class UnitRef:
             raise InvalidArgument(f"unknown unit kind {self.kind!r}", field="kind")
         if self.kind is UnitKind.TOKEN_FIELD and self.header.seq_axis != 0:
             raise InvalidArgument("a token field must have seq_axis 0", field="header.seq_axis")
+        if self.alignment is not None:
+            if not isinstance(self.alignment, FieldAlignment):
+                object.__setattr__(self, "alignment", FieldAlignment.parse(self.alignment))
+            if self.kind is not UnitKind.TOKEN_FIELD:
+                raise InvalidArgument("only per-token fields have an alignment", field="alignment")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ from knittrans.types import (
     CostModel,
     DType,
     EncoderTopology,
+    FieldAlignment,
     MultimodalRef,
     SampleId,
     SourceName,
@@ -38,6 +39,11 @@ _DTYPE_TO_PROTO = {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for
 _DTYPE_FROM_PROTO = {number: dtype for dtype, number in _DTYPE_TO_PROTO.items()}
 _KIND_TO_PROTO = {kind: trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}") for kind in UnitKind}
 _KIND_FROM_PROTO = {number: kind for kind, number in _KIND_TO_PROTO.items()}
+ALIGNMENT_TO_PROTO = {
+    None: trajectory_pb2.FIELD_ALIGNMENT_UNSPECIFIED,
+    **{a: trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{a.name}") for a in FieldAlignment},
+}
+ALIGNMENT_FROM_PROTO = {number: alignment for alignment, number in ALIGNMENT_TO_PROTO.items()}
 
 
 def within(path: str, build: Callable[[], T]) -> T:
@@ -83,8 +89,15 @@ def _kind_from_proto(number: int) -> UnitKind:
 
 def unit_ref_to_proto(ref: UnitRef) -> trajectory_pb2.UnitRef:
     return trajectory_pb2.UnitRef(
-        key=ref.key, field_name=ref.field_name, kind=_KIND_TO_PROTO[ref.kind], header=header_to_proto(ref.header)
+        key=ref.key, field_name=ref.field_name, kind=_KIND_TO_PROTO[ref.kind], header=header_to_proto(ref.header),
+        alignment=ALIGNMENT_TO_PROTO[ref.alignment],
     )
+
+
+def _alignment_from_proto(number: int) -> FieldAlignment | None:
+    if number not in ALIGNMENT_FROM_PROTO:
+        raise InvalidArgument(f"unknown field alignment {number}", field="alignment")
+    return ALIGNMENT_FROM_PROTO[number]
 
 
 def unit_ref_from_proto(message: trajectory_pb2.UnitRef) -> UnitRef:
@@ -95,6 +108,7 @@ def unit_ref_from_proto(message: trajectory_pb2.UnitRef) -> UnitRef:
         field_name=message.field_name,
         kind=_kind_from_proto(message.kind),
         header=within("header", lambda: header_from_proto(message.header)),
+        alignment=_alignment_from_proto(message.alignment),
     )
 
 
@@ -251,7 +265,7 @@ def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) ->
     """
     units = tuple(
         _trusted(UnitRef, key=u.key, field_name=u.field_name, kind=_KIND_FROM_PROTO[u.kind],
-                 header=_trusted_header(u.header))
+                 header=_trusted_header(u.header), alignment=ALIGNMENT_FROM_PROTO[u.alignment])
         for u in message.units
     )
     multimodal = tuple(

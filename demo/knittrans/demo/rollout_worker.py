@@ -31,6 +31,7 @@ from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.client.reporter import BatchingReporter
 from knittrans.demo.workload import (
+    LABEL_ALIGNED_FIELDS,
     GeneratedSample,
     GeneratedTrajectory,
     WorkloadSpec,
@@ -164,6 +165,9 @@ def submit_trajectory(
         ),
         scalars={"reward": trajectory.reward, "advantage": trajectory.advantage},
         finished_at=finished_at,
+        # The workload's mask and log-probs are label-aligned (see knittrans.demo.workload); say so, since
+        # RolloutClient takes a loss mask as token-aligned (verl's convention) unless told otherwise.
+        field_alignment=LABEL_ALIGNED_FIELDS,
     )
 
 

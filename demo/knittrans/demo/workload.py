@@ -19,6 +19,9 @@ must read the image through the encoder and the source token to predict the resp
   (EOS included), so the loss at packed position t is the cross-entropy of ``labels[t]`` and the number of
   loss tokens is ``count_nonzero(loss_mask)`` (what ``RolloutClient`` reports and the planner normalises by);
 - ``logprobs`` float32, label-aligned like the mask: the rollout policy's log-probability of token t+1;
+
+  both are submitted with ``field_alignment=LABEL_ALIGNED_FIELDS`` (``RolloutClient`` takes a loss mask as
+  token-aligned, verl's convention, unless told otherwise; see docs/integration.md);
 - ``routing`` uint8 ``[L, routing_top_k]``: MoE routing decisions of a notional rollout model.
 
 Scalars: ``reward`` (the share of response tokens that follow the walk) and ``advantage`` (reward minus the
@@ -31,11 +34,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
 from knittrans.errors import InvalidArgument
-from knittrans.types import TokenSpan, check_id
+from knittrans.types import FieldAlignment, TokenSpan, check_id
 
 PLACEHOLDER_TOKEN = 0
 BOS_TOKEN = 1
@@ -45,6 +49,8 @@ FIRST_SOURCE_TOKEN = 4
 MAX_SOURCES = 4
 FIRST_TEXT_TOKEN = FIRST_SOURCE_TOKEN + MAX_SOURCES
 IMAGE_CLASSES = 4
+# The per-token fields that are label-aligned, as RolloutClient.submit's field_alignment wants them.
+LABEL_ALIGNED_FIELDS = MappingProxyType({"loss_mask": FieldAlignment.LABEL, "logprobs": FieldAlignment.LABEL})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -49,6 +50,9 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
         assert trainer.returncode == 0, trainer.stderr
         assert "step 0: train batch 0 mini-batch 0" in trainer.stdout
         assert "step 1: train batch 0 mini-batch 1" in trainer.stdout
+        # One rank holds the whole mini-batch here: the positions its loss selects are all the loss tokens.
+        counts = re.findall(r"loss tokens here (\d+) of (\d+) in the mini-batch", trainer.stdout)
+        assert len(counts) == 2 and all(here == total for here, total in counts), trainer.stdout
         group.check()  # the service and the sidecar are still up
     finally:
         group.stop_all()

@@ -140,8 +140,9 @@ def check_item(item: dict, fields: dict[str, np.ndarray], cp_rank: int) -> None:
     np.testing.assert_array_equal(positions, expected)  # this CP rank's zigzag chunks, in chunk order
     assert item["input_ids"] == crc(fields["input_ids"][positions])
     assert item["routing"] == crc(fields["routing"][positions])
-    assert item["loss_mask"] == crc(fields["loss_mask"][positions])
     following = np.minimum(positions + 1, length - 1)
+    # Submitted token-aligned (the default): delivered label-aligned, the next token's value, 0 at the end.
+    assert item["loss_mask"] == crc(np.where(positions + 1 < length, fields["loss_mask"][following], 0))
     labels = np.where(positions + 1 < length, fields["input_ids"][following].astype(np.int64), -100)
     assert item["labels"] == crc(labels)
     assert item["padding_is_clean"]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from knittrans.types import (
     BackboneTopology,
     DType,
     EncoderTopology,
+    FieldAlignment,
     MultimodalRef,
     TokenSpan,
     Topology,
@@ -44,7 +47,9 @@ def meta(index: int, tokens: int, images: int, group: int) -> TrajectoryMeta:
         num_tokens=tokens, num_loss_tokens=tokens // 2, segments=(VersionSegment(version=0, num_tokens=tokens // 2),),
         units=(
             token_unit(trajectory_id, "input_ids", tokens, DType.INT32),
-            token_unit(trajectory_id, "logprobs", tokens, DType.FLOAT32),
+            # Token-aligned on some trajectories: read with one token of look-ahead there.
+            replace(token_unit(trajectory_id, "logprobs", tokens, DType.FLOAT32),
+                    alignment=(None, FieldAlignment.TOKEN, FieldAlignment.LABEL)[index % 3]),
             token_unit(trajectory_id, "routing", tokens, DType.UINT8, width=8),
             UnitRef(key=f"{trajectory_id}/stats", field_name="stats", kind=UnitKind.FIELD,
                     header=UnitHeader(dtype=DType.FLOAT64, shape=(3,), byte_length=24,

@@ -48,7 +48,10 @@ def message(
             trajectory_pb2.UnitRef(
                 key=f"{trajectory_id}/routing", field_name="routing", kind=TOKEN,
                 header=trajectory_pb2.UnitHeader(dtype=trajectory_pb2.D_TYPE_UINT8, shape=[tokens, 8], seq_axis=0,
-                                                 byte_length=8 * tokens, content_hash=HASH, chunk_tokens=4)),
+                                                 byte_length=8 * tokens, content_hash=HASH, chunk_tokens=4),
+                # Some trajectories declare an alignment, so the unit_alignments column is exercised.
+                alignment=(trajectory_pb2.FIELD_ALIGNMENT_UNSPECIFIED, trajectory_pb2.FIELD_ALIGNMENT_TOKEN,
+                           trajectory_pb2.FIELD_ALIGNMENT_LABEL)[index % 3]),
             trajectory_pb2.UnitRef(
                 key=f"{trajectory_id}/reward_model", field_name="reward_model", kind=trajectory_pb2.UNIT_KIND_FIELD,
                 header=trajectory_pb2.UnitHeader(dtype=trajectory_pb2.D_TYPE_FLOAT32, shape=[3], byte_length=12,
@@ -135,6 +138,7 @@ def test_a_unit_without_header_has_no_columnar_form() -> None:
         (lambda b: b.unit_headers.byte_lengths.pop(), "batch.unit_headers.byte_lengths"),
         (lambda b: b.unit_headers.shape.append(3), "batch.unit_headers.shape"),
         (lambda b: b.unit_fields.__setitem__(0, 7), "batch.unit_fields"),
+        (lambda b: b.unit_alignments.pop(), "batch.unit_alignments"),
         (lambda b: b.multimodal_encoders.__setitem__(0, 1), "batch.multimodal_encoders"),
         (lambda b: b.multimodal_has_header.__setitem__(0, True), "batch.multimodal_headers.dtypes"),
         (lambda b: b.scalar_names.__setitem__(1, b.scalar_names[0]), "trajectories[0].scalars"),
@@ -186,6 +190,8 @@ MUTATIONS = {
                                     m.units[2].header.shape.extend([2**32, 2**32, 1]),
                                     setattr(m.units[2].header, "byte_length", 0)),
     "missing header": lambda m: m.units[0].ClearField("header"),
+    "aligned non-sequence field": lambda m: setattr(m.units[2], "alignment", trajectory_pb2.FIELD_ALIGNMENT_TOKEN),
+    "unknown alignment": lambda m: setattr(m.units[1], "alignment", 7),
     "mm key": lambda m: setattr(m.multimodal[0], "key", "bad key"),
     "encoder": lambda m: setattr(m.multimodal[0], "encoder", "lidar"),
     "cost": lambda m: setattr(m.multimodal[0], "cost", -1.0),

@@ -47,6 +47,7 @@ MUTATIONS = {
     "token shape": lambda m: (m.units[0].header.ClearField("shape"), m.units[0].header.shape.append(9),
                               setattr(m.units[0].header, "byte_length", 36)),
     "missing header": lambda m: m.units[0].ClearField("header"),
+    "unknown alignment": lambda m: setattr(m.units[0], "alignment", 7),
     "cost": lambda m: setattr(m.multimodal[0], "cost", -1.0),
     "placeholder": lambda m: setattr(m.multimodal[0].placeholder, "end", 11),
     "placeholder order": lambda m: setattr(m.multimodal[0].placeholder, "start", 5),

@@ -1,6 +1,7 @@
 """Domain types validate their fields, and survive a protobuf round trip unchanged."""
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from knittrans.types import (
     CostModel,
     DType,
     EncoderTopology,
+    FieldAlignment,
     MultimodalRef,
     TokenSpan,
     Topology,
@@ -100,6 +102,33 @@ def test_trajectory_round_trips_through_proto(tokens: int, step: int, accepted: 
     meta = make_meta(tokens, rollout_step=step, accepted=accepted, scalars=(("reward", 0.5),))
     message = trajectory_pb2.TrajectoryMetadata.FromString(trajectory_to_proto(meta).SerializeToString())
     assert trajectory_from_proto(message) == meta
+
+
+@pytest.mark.parametrize("alignment", [FieldAlignment.TOKEN, FieldAlignment.LABEL])
+def test_a_declared_alignment_travels_through_proto_and_json(alignment: FieldAlignment) -> None:
+    from knittrans.plan_json import trajectory_from_json_dict, trajectory_to_json_dict
+
+    mask = replace(token_field("loss_mask", 10, DType.UINT8), alignment=alignment)
+    meta = make_meta(units=(token_field("input_ids", 10), mask))
+    message = trajectory_pb2.TrajectoryMetadata.FromString(trajectory_to_proto(meta).SerializeToString())
+    assert message.units[1].alignment == trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{alignment.name}")
+    assert trajectory_from_proto(message) == meta
+    assert trajectory_from_json_dict(trajectory_to_json_dict(meta)) == meta
+
+
+def test_only_token_fields_have_an_alignment_and_unknown_ones_are_named() -> None:
+    header = UnitHeader(dtype=DType.FLOAT32, shape=(3,), byte_length=12, content_hash=HASH)
+    with pytest.raises(InvalidArgument) as info:
+        UnitRef(key="t1/stats", field_name="stats", kind=UnitKind.FIELD, header=header, alignment=FieldAlignment.TOKEN)
+    assert info.value.field == "alignment"
+    with pytest.raises(InvalidArgument, match="unknown alignment 'shifted'") as info:
+        replace(token_field("loss_mask", 10), alignment="shifted")
+    assert info.value.field == "alignment"
+    message = trajectory_to_proto(make_meta())
+    message.units[1].alignment = 9
+    with pytest.raises(InvalidArgument) as info:
+        trajectory_from_proto(message)
+    assert info.value.field == "units[1].alignment"
 
 
 def test_wire_errors_carry_the_full_field_path() -> None:

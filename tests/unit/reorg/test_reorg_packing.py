@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -29,6 +31,7 @@ from knittrans.types import (
     BackboneTopology,
     ConsumerId,
     EncoderTopology,
+    FieldAlignment,
     MultimodalRef,
     TokenSpan,
     Topology,
@@ -46,6 +49,7 @@ def make_fields(rng: np.random.Generator, length: int, *, with_mask: bool) -> di
         "input_ids": rng.integers(1, 50_000, size=length, dtype=np.int32),
         "routing": rng.integers(0, 256, size=(length, ROUTING_WIDTH), dtype=np.uint8),
         "logprobs": rng.standard_normal(length).astype(np.float32),
+        "old_logprobs": rng.standard_normal(length).astype(np.float32),  # token-aligned: shifted when packed
         "meta": rng.standard_normal(2).astype(np.float32),  # non-sequence
     }
     if with_mask:
@@ -63,7 +67,8 @@ def make_trajectory(
         sequence = name != "meta"
         units.append(UnitRef(key=f"ns/t/t{index}/{name}", field_name=name,
                              kind=UnitKind.TOKEN_FIELD if sequence else UnitKind.FIELD,
-                             header=header_of(array, dtype, sequence=sequence)))
+                             header=header_of(array, dtype, sequence=sequence),
+                             alignment=FieldAlignment.TOKEN if name == "old_logprobs" else None))
     mask = fields.get("loss_mask")
     return TrajectoryMeta(
         trajectory_id=f"t{index}", sample_id=f"s{index // 2}", source="math", rollout_step=0,
@@ -90,7 +95,7 @@ def read_bytes(mb: MicroBatchAssignment, layout, arrays: dict[str, dict[str, np.
 
 def reference(mb: MicroBatchAssignment, arrays, cp: int, cp_rank: int, settings: PackSettings, total: int):
     """The expected packed tensors, token by token."""
-    tokens, labels, positions, routing, logprobs, mask = [], [], [], [], [], []
+    tokens, labels, positions, routing, logprobs, old_logprobs, mask = [], [], [], [], [], [], []
     for item in mb.items:
         full = arrays[item.trajectory.trajectory_id]
         length = item.trajectory.num_tokens
@@ -103,16 +108,20 @@ def reference(mb: MicroBatchAssignment, arrays, cp: int, cp_rank: int, settings:
                 labels.append(full["input_ids"][position + 1] if position + 1 < length else settings.label_ignore_index)
                 routing.append(full["routing"][position] if real else np.zeros(ROUTING_WIDTH, np.uint8))
                 logprobs.append(full["logprobs"][position] if real else 0.0)
+                has_label = position + 1 < length
+                old_logprobs.append(full["old_logprobs"][position + 1] if has_label else 0.0)
+                # The mask is label-aligned: 0 where the label is ignored (the last real token, padding).
                 if "loss_mask" in full:
-                    mask.append(full["loss_mask"][position] if real else 0)
+                    mask.append(full["loss_mask"][position] if has_label else 0)
                 else:
-                    mask.append(1 if real else 0)
+                    mask.append(1 if has_label else 0)
     tail = total - len(tokens)
     tokens += [settings.pad_token_id] * tail
     labels += [settings.label_ignore_index] * tail
     positions += list(range(tail))
     routing += [np.zeros(ROUTING_WIDTH, np.uint8)] * tail
     logprobs += [0.0] * tail
+    old_logprobs += [0.0] * tail
     mask += [0] * tail
     return {
         "input_ids": np.array(tokens, np.int32),
@@ -120,6 +129,7 @@ def reference(mb: MicroBatchAssignment, arrays, cp: int, cp_rank: int, settings:
         POSITION_IDS: np.array(positions, np.int64),
         "routing": np.array(routing, np.uint8).reshape(-1, ROUTING_WIDTH),
         "logprobs": np.array(logprobs, np.float32),
+        "old_logprobs": np.array(old_logprobs, np.float32),
         "loss_mask": np.array(mask, np.uint8),
     }
 
@@ -204,6 +214,7 @@ def test_non_label_fields_are_read_straight_into_place_and_labels_through_scratc
     assert destinations["loss_mask"] is Destination.SLOT
     assert destinations["meta"] is Destination.SLOT
     assert destinations["input_ids"] is Destination.SCRATCH  # carries one token of look-ahead
+    assert destinations["old_logprobs"] is Destination.SCRATCH  # token-aligned: shifted, so it needs look-ahead
     for spec in layout.tensors:
         assert spec.offset % 64 == 0
 
@@ -269,3 +280,24 @@ def test_pack_settings_validate(value) -> None:
     with pytest.raises(InvalidArgument) as info:
         PackSettings(pack_multiple=value)
     assert info.value.field == "pack_multiple"
+
+
+def test_a_token_aligned_field_without_look_ahead_or_a_token_aligned_tokens_field_is_refused() -> None:
+    rng = np.random.default_rng(4)
+    fields = make_fields(rng, 20, with_mask=True)
+    plan = plan_minibatch([make_trajectory(0, fields)], Topology(backbone=BackboneTopology(dp=1, cp=2,
+                                                                                          max_tokens_per_microbatch=99)))
+    mb = plan.for_consumer(ConsumerId(role="backbone", dp_rank=0, cp_rank=0)).microbatches[0]
+    item = mb.items[0]
+    index = next(k for k, r in enumerate(item.reads) if r.unit.field_name == "old_logprobs")
+    reads = list(item.reads)
+    reads[index] = replace(reads[index], look_ahead=False)
+    with pytest.raises(InvalidArgument) as info:
+        backbone_layout(replace(mb, items=(replace(item, reads=tuple(reads)),)), cp=2, settings=PackSettings())
+    assert info.value.field == f"items[0].reads[{index}].look_ahead"
+    tokens = next(k for k, r in enumerate(item.reads) if r.unit.field_name == "input_ids")
+    reads = list(item.reads)
+    reads[tokens] = replace(reads[tokens], unit=replace(reads[tokens].unit, alignment=FieldAlignment.TOKEN))
+    with pytest.raises(InvalidArgument) as info:
+        backbone_layout(replace(mb, items=(replace(item, reads=tuple(reads)),)), cp=2, settings=PackSettings())
+    assert info.value.field == f"items[0].reads[{tokens}].unit.alignment"

@@ -11,6 +11,11 @@
             (loss_sum(loss, micro["labels"], micro["loss_mask"]) / mini.global_loss_tokens).backward()
         optimizer.step()
 
+``labels`` is the next token (−100 where there is none) and every per-target field, ``loss_mask`` included, is
+label-aligned: the sidecar shifted those the rollout submitted token-aligned (``FieldAlignment``). So the logits
+at packed position t meet ``labels[t]`` as they are, and ``(labels != -100) & (loss_mask != 0)`` summed over all
+ranks and micro-batches is exactly ``mini.global_loss_tokens`` (docs/integration.md, "Alignment").
+
 Each micro-batch's tensors view the sidecar's shared memory (zero copy; on CUDA, a staged GPU copy). They are
 valid until the iterator moves past the micro-batch: the slot is released then and the sidecar reuses it.
 

@@ -30,6 +30,12 @@ class UnitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNIT_KIND_FIELD: _ClassVar[UnitKind]
     UNIT_KIND_IMAGE: _ClassVar[UnitKind]
     UNIT_KIND_VIDEO: _ClassVar[UnitKind]
+
+class FieldAlignment(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FIELD_ALIGNMENT_UNSPECIFIED: _ClassVar[FieldAlignment]
+    FIELD_ALIGNMENT_TOKEN: _ClassVar[FieldAlignment]
+    FIELD_ALIGNMENT_LABEL: _ClassVar[FieldAlignment]
 D_TYPE_UNSPECIFIED: DType
 D_TYPE_BOOL: DType
 D_TYPE_UINT8: DType
@@ -48,6 +54,9 @@ UNIT_KIND_TOKEN_FIELD: UnitKind
 UNIT_KIND_FIELD: UnitKind
 UNIT_KIND_IMAGE: UnitKind
 UNIT_KIND_VIDEO: UnitKind
+FIELD_ALIGNMENT_UNSPECIFIED: FieldAlignment
+FIELD_ALIGNMENT_TOKEN: FieldAlignment
+FIELD_ALIGNMENT_LABEL: FieldAlignment
 
 class UnitHeader(_message.Message):
     __slots__ = ("dtype", "shape", "seq_axis", "byte_length", "content_hash", "chunk_tokens")
@@ -66,16 +75,18 @@ class UnitHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., seq_axis: _Optional[int] = ..., byte_length: _Optional[int] = ..., content_hash: _Optional[str] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
 
 class UnitRef(_message.Message):
-    __slots__ = ("key", "field_name", "kind", "header")
+    __slots__ = ("key", "field_name", "kind", "header", "alignment")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FIELD_NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
+    ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
     key: str
     field_name: str
     kind: UnitKind
     header: UnitHeader
-    def __init__(self, key: _Optional[str] = ..., field_name: _Optional[str] = ..., kind: _Optional[_Union[UnitKind, str]] = ..., header: _Optional[_Union[UnitHeader, _Mapping]] = ...) -> None: ...
+    alignment: FieldAlignment
+    def __init__(self, key: _Optional[str] = ..., field_name: _Optional[str] = ..., kind: _Optional[_Union[UnitKind, str]] = ..., header: _Optional[_Union[UnitHeader, _Mapping]] = ..., alignment: _Optional[_Union[FieldAlignment, str]] = ...) -> None: ...
 
 class TokenSpan(_message.Message):
     __slots__ = ("start", "end")
@@ -165,7 +176,7 @@ class UnitHeaderColumns(_message.Message):
     def __init__(self, dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., ranks: _Optional[_Iterable[int]] = ..., shape: _Optional[_Iterable[int]] = ..., has_seq_axis: _Optional[_Iterable[bool]] = ..., seq_axes: _Optional[_Iterable[int]] = ..., byte_lengths: _Optional[_Iterable[int]] = ..., content_hashes: _Optional[_Iterable[str]] = ..., chunk_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
-    __slots__ = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_counts", "segment_versions", "segment_tokens", "unit_counts", "unit_keys", "unit_fields", "unit_kinds", "unit_headers", "multimodal_counts", "multimodal_keys", "multimodal_encoders", "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds", "multimodal_has_header", "multimodal_headers", "scalar_counts", "scalar_names", "scalar_values", "field_names", "encoders")
+    __slots__ = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_counts", "segment_versions", "segment_tokens", "unit_counts", "unit_keys", "unit_fields", "unit_kinds", "unit_headers", "multimodal_counts", "multimodal_keys", "multimodal_encoders", "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds", "multimodal_has_header", "multimodal_headers", "scalar_counts", "scalar_names", "scalar_values", "field_names", "encoders", "unit_alignments")
     TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +207,7 @@ class TrajectoryBatch(_message.Message):
     SCALAR_VALUES_FIELD_NUMBER: _ClassVar[int]
     FIELD_NAMES_FIELD_NUMBER: _ClassVar[int]
     ENCODERS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_ALIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
     sample_ids: _containers.RepeatedScalarFieldContainer[str]
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -226,4 +238,5 @@ class TrajectoryBatch(_message.Message):
     scalar_values: _containers.RepeatedScalarFieldContainer[float]
     field_names: _containers.RepeatedScalarFieldContainer[str]
     encoders: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, trajectory_ids: _Optional[_Iterable[str]] = ..., sample_ids: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., rollout_steps: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., num_loss_tokens: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., finished_at: _Optional[_Iterable[float]] = ..., segment_counts: _Optional[_Iterable[int]] = ..., segment_versions: _Optional[_Iterable[int]] = ..., segment_tokens: _Optional[_Iterable[int]] = ..., unit_counts: _Optional[_Iterable[int]] = ..., unit_keys: _Optional[_Iterable[str]] = ..., unit_fields: _Optional[_Iterable[int]] = ..., unit_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., unit_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., multimodal_counts: _Optional[_Iterable[int]] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., multimodal_encoders: _Optional[_Iterable[int]] = ..., multimodal_costs: _Optional[_Iterable[float]] = ..., placeholder_starts: _Optional[_Iterable[int]] = ..., placeholder_ends: _Optional[_Iterable[int]] = ..., multimodal_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., multimodal_has_header: _Optional[_Iterable[bool]] = ..., multimodal_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., scalar_counts: _Optional[_Iterable[int]] = ..., scalar_names: _Optional[_Iterable[str]] = ..., scalar_values: _Optional[_Iterable[float]] = ..., field_names: _Optional[_Iterable[str]] = ..., encoders: _Optional[_Iterable[str]] = ...) -> None: ...
+    unit_alignments: _containers.RepeatedScalarFieldContainer[FieldAlignment]
+    def __init__(self, trajectory_ids: _Optional[_Iterable[str]] = ..., sample_ids: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., rollout_steps: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., num_loss_tokens: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., finished_at: _Optional[_Iterable[float]] = ..., segment_counts: _Optional[_Iterable[int]] = ..., segment_versions: _Optional[_Iterable[int]] = ..., segment_tokens: _Optional[_Iterable[int]] = ..., unit_counts: _Optional[_Iterable[int]] = ..., unit_keys: _Optional[_Iterable[str]] = ..., unit_fields: _Optional[_Iterable[int]] = ..., unit_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., unit_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., multimodal_counts: _Optional[_Iterable[int]] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., multimodal_encoders: _Optional[_Iterable[int]] = ..., multimodal_costs: _Optional[_Iterable[float]] = ..., placeholder_starts: _Optional[_Iterable[int]] = ..., placeholder_ends: _Optional[_Iterable[int]] = ..., multimodal_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., multimodal_has_header: _Optional[_Iterable[bool]] = ..., multimodal_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., scalar_counts: _Optional[_Iterable[int]] = ..., scalar_names: _Optional[_Iterable[str]] = ..., scalar_values: _Optional[_Iterable[float]] = ..., field_names: _Optional[_Iterable[str]] = ..., encoders: _Optional[_Iterable[str]] = ..., unit_alignments: _Optional[_Iterable[_Union[FieldAlignment, str]]] = ...) -> None: ...

@@ -6,10 +6,9 @@ assumes): its items in plan order, each contributing its CP rank's two zigzag ch
 to ``pack_multiple``. Tensors, each at a 64-byte-aligned offset of one buffer (a shared-memory slot):
 
 - one tensor per per-token field, named after the field, ``[T, *per_token_shape]`` in the stored dtype
-  (padding rows: ``pad_token_id`` for the tokens field, 0 otherwise). A ``loss_mask`` field, when stored,
-  is one of them, token-aligned; otherwise a ``loss_mask`` (uint8, 1 on real tokens) is generated;
+  (padding rows: ``pad_token_id`` for the tokens field, 0 otherwise);
 - ``labels`` (int64 ``[T]``): the next token of the tokens field, ``label_ignore_index`` where there is none
-  (sequence end, padding). Other look-ahead fields get ``<field>.next``;
+  (sequence end, padding). Other label fields get ``<field>.next``;
 - ``position_ids`` (int64 ``[T]``): global positions of the zigzag chunks (padded coordinates), so every CP
   rank sees the positions the tokens have in the whole sequence;
 - ``cu_seqlens`` (int32 ``[n+1]``): item boundaries in the packed stream; ``cu_seqlens_global`` (int32
@@ -20,6 +19,16 @@ to ``pack_multiple``. Tensors, each at a 64-byte-aligned offset of one buffer (a
   lacks it) and ``scalar_present.<name>`` (uint8 ``[n]``, 1 where the item has it). Trajectories of one job
   may carry different scalar sets (a reward model that scores some of them, say); the mask tells a missing
   value from a reported NaN.
+
+**Alignment.** Every per-target field reaches the trainer *label-aligned*, like ``labels``: packed position t
+carries what concerns the prediction of ``labels[t]``. A unit the rollout declared token-aligned
+(:class:`~knittrans.types.FieldAlignment`) is shifted left by one inside its trajectory (packed ``[t]`` =
+stored ``[t+1]``, 0 at the last real token), which needs the token after each CP chunk: the planner reads it
+with one token of look-ahead, as it does for label fields. A label-aligned or undeclared unit is packed as
+stored. The loss mask (``loss_mask_field``) is also 0 at each trajectory's last real token, whose label is
+ignored; without a stored one it is generated (uint8, 1 on every real token that has a label). So
+``count_nonzero(loss_mask)`` over all ranks is exactly the positions the loss uses, which the rollout reported
+as ``num_loss_tokens`` and the planner sums into the mini-batch's global loss-token count.
 
 The work is split so that the bytes can be read *straight into place*: :func:`backbone_layout` says where
 every read lands (directly in its final tensor where the packed layout keeps the read's bytes contiguous,
@@ -59,7 +68,7 @@ from knittrans.tensor_names import (
 )
 from knittrans.trainer.descriptor import PackedEncodingUse, TensorSpec, aligned, check_tensor_name
 from knittrans.trainer.layout import item_offsets, packed_encoding_uses
-from knittrans.types import ByteRange, DType, UnitKey, UnitKind, UnitRef
+from knittrans.types import ByteRange, DType, FieldAlignment, UnitKey, UnitKind, UnitRef
 
 ENCODER_INPUTS = "inputs"
 
@@ -107,7 +116,7 @@ class _TokenField:
     name: str
     dtype: DType
     row_shape: tuple[int, ...]
-    look_ahead: bool
+    labels: bool  # a label field: next-token values go to their own tensor
 
     @property
     def row_bytes(self) -> int:
@@ -116,10 +125,11 @@ class _TokenField:
 
 @dataclass(frozen=True, kw_only=True)
 class _ItemReads:
-    """Per item: for each token field, the placement index and whether it is direct; non-sequence placements."""
+    """Per item: for each token field, the placement index; non-sequence placements; token-aligned fields."""
 
     token: Mapping[str, int]
     fields: Mapping[str, int]
+    shifted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -195,7 +205,7 @@ def _check_item(item: ItemAssignment, cp: int, where: str) -> None:
             raise InvalidArgument("real tokens must start the chunk", field=f"{where}.chunks[{k}].tokens")
 
 
-def _token_fields(mb: MicroBatchAssignment) -> tuple[_TokenField, ...]:
+def _token_fields(mb: MicroBatchAssignment, settings: PackSettings) -> tuple[_TokenField, ...]:
     fields: dict[str, _TokenField] = {}
     for i, item in enumerate(mb.items):
         names = set()
@@ -204,8 +214,15 @@ def _token_fields(mb: MicroBatchAssignment) -> tuple[_TokenField, ...]:
             if unit.kind is not UnitKind.TOKEN_FIELD:
                 continue
             names.add(unit.field_name)
+            shifted = unit.alignment is FieldAlignment.TOKEN
+            if shifted and unit.field_name == settings.tokens_field:
+                raise InvalidArgument("the tokens field is an input; it cannot be token-aligned",
+                                      field=f"items[{i}].reads[{r}].unit.alignment")
+            if shifted and not read.look_ahead:
+                raise InvalidArgument("a token-aligned field is packed shifted by one and needs look-ahead reads",
+                                      field=f"items[{i}].reads[{r}].look_ahead")
             field = _TokenField(name=unit.field_name, dtype=unit.header.dtype, row_shape=unit.header.shape[1:],
-                                look_ahead=read.look_ahead)
+                                labels=read.look_ahead and not shifted)
             known = fields.setdefault(unit.field_name, field) if i == 0 else fields.get(unit.field_name)
             if known != field:
                 raise InvalidArgument(
@@ -259,7 +276,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
     total = -(-real_end // settings.pack_multiple) * settings.pack_multiple
     n = len(mb.items)
 
-    token_fields = _token_fields(mb)
+    token_fields = _token_fields(mb, settings)
     non_sequence = _non_sequence_fields(mb)
     scalars = _scalar_names(mb)
     field_names = {f.name for f in token_fields} | set(non_sequence)
@@ -270,7 +287,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
     alloc = _Allocator()
     field_specs = {f.name: alloc.add(f.name, f.dtype, (total, *f.row_shape)) for f in token_fields}
     for f in token_fields:
-        if f.look_ahead:
+        if f.labels:
             if f.row_shape or f.dtype not in _INTEGER_DTYPES:
                 raise InvalidArgument(f"labels need a 1-D integer field, {f.name!r} is {f.dtype} {f.row_shape}",
                                       field="label_fields")
@@ -301,11 +318,14 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
     for i, (item, offset) in enumerate(zip(mb.items, offsets, strict=True)):
         token_placements: dict[str, int] = {}
         field_placements: dict[str, int] = {}
+        shifted: set[str] = set()
         direct = _direct_spans(item)
         for read in item.reads:
             unit = read.unit
             length = read.needed_bytes
             if unit.kind is UnitKind.TOKEN_FIELD:
+                if unit.alignment is FieldAlignment.TOKEN:
+                    shifted.add(unit.field_name)
                 if length == 0:
                     continue
                 spans = [(s.start, s.end) for s in read.spans]
@@ -330,7 +350,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
                 field_placements[unit.field_name] = len(reads)
                 reads.append(ReadPlacement(key=unit.key, ranges=None, destination=Destination.SLOT, offset=start,
                                            byte_length=unit.header.byte_length))
-        item_reads.append(_ItemReads(token=token_placements, fields=field_placements))
+        item_reads.append(_ItemReads(token=token_placements, fields=field_placements, shifted=frozenset(shifted)))
 
     return PackLayout(
         tensors=tuple(alloc.specs),
@@ -365,7 +385,8 @@ def fill_backbone(
     settings: PackSettings,
 ) -> None:
     """Complete a micro-batch whose reads have landed (``slot`` and ``scratch`` are uint8 buffers): copy the
-    scratch reads into place and write padding, labels, loss mask, positions, boundaries and scalars."""
+    scratch reads into place (shifting token-aligned fields) and write padding, labels, loss mask, positions,
+    boundaries and scalars."""
     if slot.dtype != np.uint8 or slot.nbytes < layout.used_bytes:
         raise InvalidArgument(f"needs a uint8 buffer of at least {layout.used_bytes} bytes", field="slot")
     views = {spec.name: tensor_view(slot, spec) for spec in layout.tensors}
@@ -377,9 +398,13 @@ def fill_backbone(
     for i, (item, offset) in enumerate(zip(mb.items, layout.item_offsets, strict=True)):
         length = _chunk_tokens(item)
         reads = layout.item_reads[i]
+        num_tokens = item.trajectory.num_tokens
         # Spans hold real tokens only; rows [offset + k·length + n_k, offset + (k+1)·length) are padding.
         runs = [(offset + k * length, c.tokens.start, c.tokens.length, c.padded.start)
                 for k, c in enumerate(item.chunks)]
+        # The packed row of the item's last real token, if this CP rank holds it: its label is ignored.
+        last_row = next((dest + count - 1 for dest, start, count, _ in runs if count and start + count == num_tokens),
+                        None)
         for dest, _, _, padded_start in runs:
             positions[dest : dest + length] = np.arange(padded_start, padded_start + length, dtype=np.int64)
         if synthetic_mask is not None:
@@ -389,33 +414,41 @@ def fill_backbone(
         for field in layout.token_fields:
             tensor = views[field.name]
             pad = settings.pad_token_id if field.name == settings.tokens_field else 0
+            shift = field.name in reads.shifted
             placement_index = reads.token.get(field.name)
             placement = layout.reads[placement_index] if placement_index is not None else None
             source = None
             if placement is not None and placement.destination is Destination.SCRATCH:
                 source = _scratch_rows(scratch, placement, field)
                 span_rows = _span_rows(item, field.name)
-            labels = views[label_tensor_name(field.name, settings)] if field.look_ahead else None
+            labels = views[label_tensor_name(field.name, settings)] if field.labels else None
             for dest, token_start, count, _ in runs:
+                # Rows whose next token is real: where labels (and shifted fields) take the next token's value.
+                available = min(count, num_tokens - token_start - 1)
                 if source is not None and count:
                     row = span_rows(token_start)
-                    tensor[dest : dest + count] = source[row : row + count]
+                    if shift:  # token-aligned: packed [t] = stored [t+1], 0 where there is no next token
+                        tensor[dest : dest + available] = source[row + 1 : row + 1 + available]
+                        tensor[dest + available : dest + count] = 0
+                    else:
+                        tensor[dest : dest + count] = source[row : row + count]
                     if labels is not None:
-                        available = min(count, item.trajectory.num_tokens - token_start - 1)
                         labels[dest : dest + available] = source[row + 1 : row + 1 + available]
                         labels[dest + available : dest + count] = settings.label_ignore_index
-                elif labels is not None and count:
-                    raise InvalidArgument(f"label field {field.name!r} was not read with look-ahead",
-                                          field=f"items[{i}].reads")
+                elif (labels is not None or shift) and count:
+                    raise InvalidArgument(f"field {field.name!r} needs the next token but was not read with "
+                                          "look-ahead", field=f"items[{i}].reads")
                 tensor[dest + count : dest + length] = pad
                 if labels is not None:
                     labels[dest + count : dest + length] = settings.label_ignore_index
+        if last_row is not None:
+            views[settings.loss_mask_field][last_row] = 0
 
     # Trailing padding of the whole stream.
     tail = slice(real_end, layout.num_tokens)
     for field in layout.token_fields:
         views[field.name][tail] = settings.pad_token_id if field.name == settings.tokens_field else 0
-        if field.look_ahead:
+        if field.labels:
             views[label_tensor_name(field.name, settings)][tail] = settings.label_ignore_index
     if synthetic_mask is not None:
         synthetic_mask[tail] = 0

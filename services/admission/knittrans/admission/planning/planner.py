@@ -43,8 +43,9 @@ def plan_minibatch(
     plan of its unique multimodal inputs, and the route map. Trajectories never leave the mini-batch.
 
     ``label_fields`` name the per-token fields that next-token labels come from; their CP ranges get one
-    token of look-ahead. When packing then dealing leaves the DP imbalance (max/mean workload) above
-    ``balance_target``, dealing then packing is tried too and the better one kept.
+    token of look-ahead, as do those of token-aligned units (packed shifted by one, see ``FieldAlignment``).
+    When packing then dealing leaves the DP imbalance (max/mean workload) above ``balance_target``, dealing
+    then packing is tried too and the better one kept.
     Raises :class:`InvalidArgument` naming the field for bad input.
     """
     _check_topology(topology)

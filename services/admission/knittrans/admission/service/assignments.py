@@ -24,6 +24,7 @@ from knittrans.v1 import plan_pb2, trajectory_pb2
 
 _TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
 _FIELD = trajectory_pb2.UNIT_KIND_FIELD
+_TOKEN_ALIGNED = trajectory_pb2.FIELD_ALIGNMENT_TOKEN
 _ITEMSIZE_LUT = np.zeros(max(trajectory_pb2.DType.values()) + 1, dtype=np.int64)
 for _dtype in DType:
     _ITEMSIZE_LUT[trajectory_pb2.DType.Value(f"D_TYPE_{_dtype.name}")] = _dtype.itemsize
@@ -244,7 +245,9 @@ class MiniBatchDispatch:
         for k in range(first, rows.unit_offsets[t + 1]):
             kind = rows.unit_kinds[k]
             if kind == _TOKEN_FIELD:
-                look_ahead = rows.unit_field_names[k] in self.label_fields
+                unit = units[k - first]
+                # As Plan.needs_look_ahead: label fields, and token-aligned fields (packed shifted by one).
+                look_ahead = rows.unit_field_names[k] in self.label_fields or unit.alignment == _TOKEN_ALIGNED
                 token_spans = read_spans.get(look_ahead)
                 if token_spans is None:
                     extra = 1 if look_ahead else 0
@@ -253,7 +256,7 @@ class MiniBatchDispatch:
                     )
                 width = rows.unit_row_bytes[k]
                 reads.append({
-                    "unit": units[k - first],
+                    "unit": unit,
                     "spans": [{"start": s, "end": e} for s, e in token_spans],
                     "byte_ranges": [{"offset": s * width, "length": (e - s) * width} for s, e in token_spans],
                     "look_ahead": look_ahead,

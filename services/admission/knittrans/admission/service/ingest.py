@@ -32,6 +32,7 @@ _TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
 _MEDIA_KINDS = frozenset((trajectory_pb2.UNIT_KIND_IMAGE, trajectory_pb2.UNIT_KIND_VIDEO))
 _UNIT_KINDS = frozenset((_TOKEN_FIELD, trajectory_pb2.UNIT_KIND_FIELD)) | _MEDIA_KINDS
 _HEX = frozenset("0123456789abcdef")
+_ALIGNMENTS = frozenset(trajectory_pb2.FieldAlignment.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +162,12 @@ def check_trajectory(
             raise InvalidArgument("is required", field=f"{field}.units[{i}].header")
         header = unit.header
         first_dim = _check_header(header, f"{field}.units[{i}].header")
+        alignment = unit.alignment
+        if alignment:
+            if alignment not in _ALIGNMENTS:
+                raise InvalidArgument(f"unknown field alignment {alignment}", field=f"{field}.units[{i}].alignment")
+            if kind != _TOKEN_FIELD:
+                raise InvalidArgument("only per-token fields have an alignment", field=f"{field}.units[{i}].alignment")
         if kind == _TOKEN_FIELD:
             if not header.HasField("seq_axis"):
                 raise InvalidArgument("a token field must have seq_axis 0", field=f"{field}.units[{i}].header.seq_axis")
@@ -235,6 +242,7 @@ _MAX_RANK = 16  # shapes of more dimensions go to the exact check
 _EXACT_LIMIT = float(2**62)  # above this, products of shape dimensions could overflow int64
 _UNIT_KIND_NUMBERS = np.array(sorted(_UNIT_KINDS), dtype=np.int64)
 _MEDIA_KIND_NUMBERS = np.array(sorted(_MEDIA_KINDS), dtype=np.int64)
+_ALIGNMENT_NUMBERS = np.array(sorted(_ALIGNMENTS), dtype=np.int64)
 
 
 def _all_match(values: list[str], alphabet: bytes, shortest: int, longest: int) -> bool:
@@ -386,6 +394,9 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
     token_field = kinds == _TOKEN_FIELD
     flag_parts(unit_rows, ~np.isin(kinds, _UNIT_KIND_NUMBERS) | ~columns.unit_has_header | header_flags
                | (token_field & (~columns.unit_headers.has_seq_axis | (first_dims != num_tokens[unit_rows]))))
+    alignments = columns.unit_alignments
+    if alignments.any():
+        flag_parts(unit_rows, ~np.isin(alignments, _ALIGNMENT_NUMBERS) | ((alignments != 0) & ~token_field))
     # Multimodal references.
     flagged |= np.diff(columns.multimodal_offsets) > limits.max_multimodal
     refs = columns.multimodal_rows
