@@ -79,9 +79,17 @@ def release(client: AdmissionClient, sequence: int) -> None:
         client.report_progress(consumer, sequence, ProgressStage.OPTIMIZER_STEP)
 
 
-@pytest.fixture
-async def stack(tmp_path: Path):
-    store_url = f"file://{tmp_path / 'units'}"
+def deletions_done(running) -> bool:
+    """The service has deleted (and journaled) every unit it released so far."""
+    return not running.servicer._ledger.pending_deletes
+
+
+@pytest.fixture(params=["file", "mooncake"])
+async def stack(request, tmp_path: Path):
+    if request.param == "mooncake":
+        store_url = request.getfixturevalue("mooncake_cluster").store_url
+    else:
+        store_url = f"file://{tmp_path / 'units'}"
     running = await start_admission_service(service_settings(store=store_url, job=f"t{uuid.uuid4().hex[:6]}"))
     try:
         yield running, store_url
@@ -105,7 +113,8 @@ async def test_a_sibling_reported_after_the_release_still_finds_its_image(stack)
             sibling = submit(slow, 4, sample=0)  # t4 of s0: its write finds s0's image present and skips it
             assert sibling.multimodal[0].key == image_key and held.held
             release(client, 1)  # the release of mini-batch 1 drops t0, the image's only reported reference
-            wait_until(lambda: not store.exists([own_key])[0], "the released units to be deleted")
+            wait_until(lambda: deletions_done(running), "the released units to be deleted")
+            assert not store.exists([own_key])[0]
             held.send()
             for i in range(5, 8):
                 submit(direct, i, sample=i)
@@ -117,7 +126,8 @@ async def test_a_sibling_reported_after_the_release_still_finds_its_image(stack)
                 raise AssertionError(f"the image t4 references was deleted before t4 was admitted: {exc}") from exc
             assert bytes(buffer) == image_of(0).tobytes()
             release(client, 2)
-            wait_until(lambda: not store.exists([image_key])[0], "the image to be deleted after its last release")
+            wait_until(lambda: deletions_done(running), "the units of mini-batch 2 to be deleted")
+            assert not store.exists([image_key])[0]
         store.close()
 
     await asyncio.to_thread(scenario)
@@ -150,8 +160,8 @@ async def test_a_failed_submit_cancels_its_reservation_and_leaves_no_image(stack
             with pytest.raises(StoreError):
                 submit(rollout, 0, sample=0)
             assert failing.images
-            wait_until(lambda: not any(store.exists(failing.images)),
-                       "the unreferenced image of the failed submit to be deleted")
+            wait_until(lambda: deletions_done(running), "the unreferenced image of the failed submit to be deleted")
+            assert not any(store.exists(failing.images))
             assert client.cancel_reservations([TrajectoryId("t0")]) == 0  # the submit cancelled it already
         store.close()
 

@@ -229,6 +229,9 @@ class FileUnitStore:
                 raise _store_error(exc, key) from exc
         return removed
 
+    def wait_removed(self, keys: Sequence[UnitKey]) -> None:
+        return None  # unlinking is immediate
+
     def register_buffer(self, buffer: BufferLike) -> None:
         writable_byte_view(buffer)
 

@@ -378,6 +378,16 @@ class MooncakeUnitStore:
             raise failure
         return removed + len(leased)
 
+    def wait_removed(self, keys: Sequence[UnitKey]) -> None:
+        wanted = set(keys)
+        with self._pending_changed:
+            done = self._pending_changed.wait_for(lambda: wanted.isdisjoint(self._pending_removal),
+                                                  timeout=self._config.lease_retry_seconds)
+            if not done:
+                still = sorted(wanted.intersection(self._pending_removal))
+                raise StoreError(f"{len(still)} deleted units are still leased after "
+                                 f"{self._config.lease_retry_seconds:.1f}s", field=still[0])
+
     def pending_removals(self) -> int:
         """How many deleted units are still waiting for a lease to end."""
         with self._pending_changed:
@@ -419,8 +429,8 @@ class MooncakeUnitStore:
                 for key, code in zip(keys, codes, strict=True):
                     if code in _REMOVED:
                         self._pending_removal.pop(key, None)
+                self._pending_changed.notify_all()  # wakes close() and wait_removed()
                 if not self._pending_removal:
-                    self._pending_changed.notify_all()  # wakes close()
                     continue
                 self._pending_changed.wait(timeout=delay)
             delay = min(delay * 2, cap)

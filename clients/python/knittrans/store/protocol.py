@@ -276,6 +276,13 @@ class UnitStore(Protocol):
         leases: a leased unit is removed in the background (see the module docstring)."""
         ...
 
+    def wait_removed(self, keys: Sequence[UnitKey]) -> None:
+        """Block until units this store deleted are gone for every client (a leased unit's background removal
+        has ended); raises :class:`StoreError` if one is still there after the backend's lease retry time.
+        The admission service calls it before it counts a unit deleted: a rollout that reserves the unit
+        again must find it absent and store it anew, not find it present and see it removed afterwards."""
+        ...
+
     def register_buffer(self, buffer: BufferLike) -> None:
         """Declare a long-lived buffer (e.g. a shared-memory ring) as a transfer target; a no-op where
         the backend does not need it."""

@@ -176,6 +176,9 @@ class RayUnitStore:
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
         return int(self._call("delete_many", list(dict.fromkeys(keys)))) if keys else 0
 
+    def wait_removed(self, keys: Sequence[UnitKey]) -> None:
+        return None  # the registry drops its reference at once
+
     def count(self) -> int:
         return int(self._call("count"))
 

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from prometheus_client import CollectorRegistry
 
@@ -62,6 +63,12 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def delete_and_wait(store: UnitStore, keys: list[str]) -> None:
+    """Delete released units and return once they are gone for every client (see ``UnitStore.wait_removed``)."""
+    store.delete_many(keys)
+    store.wait_removed(keys)
+
+
 async def start_admission_service(settings: AdmissionServiceSettings) -> AdmissionService:
     registry = CollectorRegistry()
     ledger = AdmissionLedger(
@@ -83,7 +90,7 @@ async def start_admission_service(settings: AdmissionServiceSettings) -> Admissi
         journal=journal,
         metrics=metrics,
         job=settings.job,
-        delete_keys=(lambda keys: store.delete_many(keys)) if store is not None else None,
+        delete_keys=partial(delete_and_wait, store) if store is not None else None,
         delete_batch_size=settings.delete_batch_size,
     )
     await servicer.recover()
