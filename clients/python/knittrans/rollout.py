@@ -18,13 +18,20 @@ Splitting:
 Everything is validated before the first byte is written. If the store fails part-way, the units this
 call created are removed again (multimodal units excepted: a sibling trajectory may already reference
 them; they are released with their sample), so a failed submit can simply be retried.
+
+If the admission service rejects a trajectory (a reporter whose ``report`` takes ``discard=``, such as
+:class:`~knittrans.client.reporter.BatchingReporter`, says which), its units are removed from the store, and so
+are the multimodal units this client created for it that no other trajectory it submitted references.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
@@ -53,6 +60,8 @@ from knittrans.types import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_BYTES = 256 << 20
+# Multimodal keys remembered for clean-up after a rejection; an older one is assumed to be in use and kept.
+MAX_TRACKED_MULTIMODAL = 100_000
 
 
 class MetadataReporter(Protocol):
@@ -126,6 +135,10 @@ class RolloutClient:
         self._reporter = reporter
         self._batch_bytes = batch_bytes
         self._clock = clock
+        self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
+        self._multimodal_lock = threading.Lock()
+        # multimodal key -> [submitted trajectories not rejected that reference it, whether this client created it]
+        self._multimodal_users: OrderedDict[UnitKey, list] = OrderedDict()
 
     @property
     def store(self) -> UnitStore:
@@ -174,11 +187,47 @@ class RolloutClient:
             if split.meta.trajectory_id in seen:
                 raise InvalidArgument("appears twice in one submit", field=f"trajectories[{index}].trajectory_id")
             seen.add(split.meta.trajectory_id)
-        self._write([w for split in splits for w in split.writes])
+        created = self._write([w for split in splits for w in split.writes])
         metas = [split.meta for split in splits]
-        if self._reporter is not None:
+        if self._reporter is None:
+            return metas
+        if not self._reports_rejections:
             self._reporter.report(metas)
+            return metas
+        self._track_multimodal(metas, created)
+        self._reporter.report(metas, discard=self._discard_rejected)
         return metas
+
+    # -- clean-up after a rejection -----------------------------------------------------------------
+
+    def _track_multimodal(self, metas: Sequence[TrajectoryMeta], created: set[UnitKey]) -> None:
+        with self._multimodal_lock:
+            for meta in metas:
+                for ref in meta.multimodal:
+                    entry = self._multimodal_users.setdefault(ref.key, [0, False])
+                    entry[0] += 1
+                    entry[1] = entry[1] or ref.key in created
+                    self._multimodal_users.move_to_end(ref.key)
+            while len(self._multimodal_users) > MAX_TRACKED_MULTIMODAL:
+                self._multimodal_users.popitem(last=False)
+
+    def _discard_rejected(self, metas: Sequence[TrajectoryMeta]) -> None:
+        """Remove the units of trajectories the admission service rejected: nothing will ever release them."""
+        keys = [unit.key for meta in metas for unit in meta.units]
+        with self._multimodal_lock:
+            for meta in metas:
+                for key in dict.fromkeys(ref.key for ref in meta.multimodal):
+                    entry = self._multimodal_users.get(key)
+                    if entry is None:
+                        continue  # forgotten: maybe in use by an accepted sibling, so it stays
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        del self._multimodal_users[key]
+                        if entry[1]:
+                            keys.append(key)
+        if keys:
+            self._store.delete_many(keys)
+            logger.info("removed %d units of %d rejected trajectories", len(keys), len(metas))
 
     # -- splitting ----------------------------------------------------------------------------------
 
@@ -288,7 +337,8 @@ class RolloutClient:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def _write(self, writes: Sequence[UnitWrite]) -> None:
+    def _write(self, writes: Sequence[UnitWrite]) -> set[UnitKey]:
+        """Write in batches; returns the keys this call created (content-addressed ones found present are not)."""
         created: list[UnitKey] = []
         batch: list[UnitWrite] = []
         batch_bytes = 0
@@ -310,6 +360,7 @@ class RolloutClient:
                 except Exception:
                     logger.exception("could not remove %d units of a failed submit", len(owned))
             raise
+        return set(created)
 
 def _is_scalar(value: Any) -> bool:
     if isinstance(value, (bool, int, float, np.number, np.bool_)):
