@@ -54,3 +54,24 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
         group.check()  # the service and the sidecar are still up
     finally:
         group.stop_all()
+
+
+def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config(tmp_path: Path) -> None:
+    """deploy/k8s's admission config, as shipped (only the listening addresses moved to loopback and free ports)."""
+    shipped = ROOT / "deploy" / "k8s" / "base" / "admission" / "admission.yaml"
+    store = f"file://{tmp_path / 'units'}"
+    group = ProcessGroup(tmp_path / "logs")
+    try:
+        admission = group.start("admission", [
+            sys.executable, "-m", "knittrans.cli", "admission", "serve", "--config", str(shipped),
+            "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--store", store,
+            "--ready-file", str(tmp_path / "a.json")])
+        address = group.wait_ready(admission, tmp_path / "a.json")["address"]
+        rollout = subprocess.run(
+            [sys.executable, str(EXAMPLES / "rollout_worker.py"), "--admission", address, "--store", store],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert rollout.returncode == 0, rollout.stderr
+        assert "admission: pool 8" in rollout.stdout  # all accepted; a train batch of 256 is far away
+    finally:
+        group.stop_all()
