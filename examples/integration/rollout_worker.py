@@ -1,12 +1,20 @@
 """How a rollout worker of any RL framework hands finished trajectories to KnitTrans.
 
-    python examples/integration/rollout_worker.py --admission HOST:PORT --store file:///dev/shm/knittrans-job \
-        [--token TOKEN] [--ca-file ca.pem] [--count 8]
+    python examples/integration/rollout_worker.py --admission unix:admission.sock \
+        --store file:///dev/shm/knittrans-quickstart [--count 8] [--sources math,code] [--encoder vision] \
+        [--token TOKEN] [--ca-file ca.pem]
+
+``--admission`` is the service's address (host:port, or unix:PATH as in the local quick start of
+docs/integration.md); ``--store`` is the unit store the trainers' sidecars read from. The sources must be the
+job's (its config's ``engine.sources``); with ``--encoder``, each GRPO group shares one image for that encoder,
+which the job's topology must declare, with a sidecar running for it.
 
 ``RolloutClient.submit`` does both halves in one call: it splits the trajectory into atomic units and writes
 them to the unit store, then hands the metadata to a ``BatchingReporter``, which reports it to the (possibly
-remote) admission service in batches, retrying while the service is unavailable. Call it from wherever your
-framework sees a finished response (verl's rollout worker, slime's ``generate`` callback, ...).
+remote) admission service in batches, retrying while the service is unavailable. A trajectory the service rejects
+(a source or an encoder the job does not have, say) fails that submit, or the next one, and its units are removed
+from the store. Call it from wherever your framework sees a finished response (verl's rollout worker, slime's
+``generate`` callback, ...).
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ from knittrans.types import TokenSpan, VersionSegment
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--admission", required=True, help="host:port of the admission service")
+    parser.add_argument("--admission", required=True, help="the admission service: host:port or unix:PATH")
     parser.add_argument("--store", required=True, help="unit store URL (file://, mooncake://, ray://)")
     parser.add_argument("--token", default="", help="bearer token, when the service requires one")
     parser.add_argument("--ca-file", default="", help="CA certificate, when the service uses TLS")
     parser.add_argument("--count", type=int, default=8, help="trajectories to submit (groups of 4)")
-    parser.add_argument("--sources", default="A,B", help="data sources to cycle through")
+    parser.add_argument("--sources", default="math,code", help="data sources to cycle through (the job's)")
+    parser.add_argument("--encoder", default="", help="give each group an image for this encoder (default: none)")
     args = parser.parse_args()
 
     connection = ConnectionSettings(target=args.admission, token=args.token,
@@ -43,8 +52,10 @@ def main() -> None:
         reporter = BatchingReporter(admission)
         rollout = RolloutClient(store, namespace="example", reporter=reporter)
         for i in range(args.count):
-            sample = i // 4  # a GRPO group of 4 responses shares its prompt's image
+            sample = i // 4  # a GRPO group of 4 responses shares its prompt (and its image)
             prompt, response = 12, int(rng.integers(20, 60))
+            images = (MultimodalInput(data=np.full((16, 16, 3), sample, np.uint8), encoder=args.encoder, cost=4.0,
+                                      placeholder=TokenSpan(start=2, end=6)),) if args.encoder else ()
             tokens = prompt + response
             meta = rollout.submit(
                 {
@@ -63,8 +74,7 @@ def main() -> None:
                 source=sources[sample % len(sources)],
                 rollout_step=policy_version,
                 segments=(VersionSegment(version=policy_version, num_tokens=response),),
-                multimodal=(MultimodalInput(data=np.full((16, 16, 3), sample, np.uint8), encoder="vision", cost=4.0,
-                                            placeholder=TokenSpan(start=2, end=6)),),
+                multimodal=images,
             )
             print(f"submitted {meta.trajectory_id}: {meta.num_tokens} tokens ({meta.num_loss_tokens} in the loss), "
                   f"{len(meta.units)} units")

@@ -1,7 +1,11 @@
 """How a training loop (verl- or slime-style) consumes micro-batches from its node-local reorg sidecar.
 
-    python examples/integration/trainer_loop.py --sidecar unix:/tmp/knittrans-job/reorg-backbone-dp0-cp0.sock \
-        --admission HOST:PORT [--token TOKEN] [--minibatches 2]
+    python examples/integration/trainer_loop.py --sidecar unix:/tmp/knittrans-quickstart/reorg-backbone-dp0-cp0.sock \
+        --admission unix:admission.sock [--token TOKEN] [--minibatches 2]
+
+A sidecar started without ``--socket`` listens on /tmp/knittrans-<job>/reorg-<role>-dp<D>-cp<C>.sock, where
+<job> is the admission service's job (``job:`` in its config; ``quickstart`` in the local quick start of
+docs/integration.md).
 
 Each mini-batch is one optimizer step. Its micro-batches arrive in consumption order as torch tensors that view
 shared memory (no copy); a background thread prefetches the next ones while this one computes. The loss of
@@ -20,6 +24,7 @@ import argparse
 
 import torch
 
+from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.trainer import TrainerClient, TrainerSettings
 
@@ -27,7 +32,8 @@ from knittrans.trainer import TrainerClient, TrainerSettings
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sidecar", required=True, help="unix:/path of this rank's reorg sidecar")
-    parser.add_argument("--admission", required=True, help="host:port of the admission service (progress reports)")
+    parser.add_argument("--admission", required=True,
+                        help="the admission service (progress reports): host:port or unix:PATH")
     parser.add_argument("--token", default="")
     parser.add_argument("--global-rank", type=int, default=0)
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps to run")
@@ -63,7 +69,11 @@ def main() -> None:
             if step + 1 >= args.minibatches:
                 break
     finally:
-        client.close()
+        client.close()  # flushes the progress reports: the mini-batches' units can now be released
+    with AdmissionClient(ConnectionSettings(target=args.admission, token=args.token)) as admission:
+        status = admission.status()
+    print(f"admission: admitted {status.admitted_total} trajectories, released {status.released_minibatches} "
+          f"mini-batches, policy version {status.policy_version}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from knittrans.shm import list_segments
+from tests.doc_blocks import make_recipe, readme_commands
 
 
 def running_with(marker: str) -> list[str]:
@@ -36,19 +38,28 @@ def running_with(marker: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(
-    ("store", "state"),
-    [("file", "memory"), ("mooncake", "redis")],
-    ids=["file-memory", "mooncake-redis"],
-)
-def test_demo_end_to_end(tmp_path: Path, store: str, state: str) -> None:
+# `make demo`, then every `knittrans demo` command of the README, verbatim, from a fresh directory and with the
+# default output directory; only `--train-batches 2` is added, to keep the run short.
+DEMO_COMMANDS = make_recipe("demo") + readme_commands("knittrans demo")
+
+
+def test_the_readme_shows_demo_commands() -> None:
+    assert DEMO_COMMANDS[0] == "knittrans demo"
+    assert any("--state redis" in c for c in DEMO_COMMANDS) and any("--store mooncake" in c for c in DEMO_COMMANDS)
+
+
+@pytest.mark.parametrize("command", DEMO_COMMANDS)
+def test_demo_end_to_end(tmp_path: Path, command: str) -> None:
     out = tmp_path / "demo-out"
-    result = subprocess.run(
-        [sys.executable, "-m", "knittrans.cli", "demo", "--train-batches", "2", "--store", store, "--state", state,
-         "--out", str(out)],
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(  # stdout and stderr are pipes, as in CI or `make demo > log`
+        [*shlex.split(command), "--train-batches", "2"], cwd=tmp_path, env=environment,
         capture_output=True, text=True, timeout=400,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for stream in (result.stdout, result.stderr):
+        assert "\r" not in stream and "\x1b" not in stream  # plain lines in a log, no terminal control
+    assert "step 8/8" in result.stderr  # the progress still shows, one plain line at a time
     report = json.loads((out / "report.json").read_text())
     checks = report["checks"]
     assert checks["passed"], checks
@@ -57,6 +68,9 @@ def test_demo_end_to_end(tmp_path: Path, store: str, state: str) -> None:
     assert checks["details"]["trained"] == checks["details"]["admitted"] == 64
     assert report["bytes_read"] == report["bytes_needed"] > 0  # nothing read that the plans did not need
     assert len(report["steps"]) == 8
+    for step in report["steps"]:  # waiting for admission (slow rollouts) is not shown as waiting for data
+        assert step["admission_wait_seconds"] >= 0 and step["data_wait_after_admission_seconds"] >= 0
+        assert "data_wait_seconds" not in step
     assert (out / "report.png").stat().st_size > 0
     assert running_with(str(out)) == []
     assert list_segments(f"knittrans-{report['job']}") == []

@@ -32,10 +32,15 @@ that reports by other means must reserve the same way (the ``ReserveUnits`` RPC)
 Everything is validated before the first byte is written. If the store fails part-way, the units this
 call created are removed again (multimodal units excepted: a sibling trajectory may already reference
 them; they are released with their sample), so a failed submit can simply be retried.
+
+If the admission service rejects a trajectory (a reporter whose ``report`` takes ``discard=``, such as
+:class:`~knittrans.client.reporter.BatchingReporter`, says which), its units are removed from the store and
+its reservation is cancelled, so the service deletes the multimodal units that nothing else references.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -69,6 +74,7 @@ from knittrans.types import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_BYTES = 256 << 20
+# Multimodal keys remembered for clean-up after a rejection; an older one is assumed to be in use and kept.
 
 
 class MetadataReporter(Protocol):
@@ -153,6 +159,8 @@ class RolloutClient:
         self._reporter = reporter
         self._batch_bytes = batch_bytes
         self._clock = clock
+        self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
+        self._reserver = reporter if isinstance(reporter, UnitReserver) else None
 
     @property
     def store(self) -> UnitStore:
@@ -209,21 +217,38 @@ class RolloutClient:
             seen.add(split.meta.trajectory_id)
         metas = [split.meta for split in splits]
         reservations = [r for r in map(UnitReservation.of, metas) if r is not None]
-        reserver = self._reporter if isinstance(self._reporter, UnitReserver) else None
-        if reservations and reserver is not None:
-            reserver.reserve_units(reservations)
+        if reservations and self._reserver is not None:
+            self._reserver.reserve_units(reservations)
         try:
             self._write([w for split in splits for w in split.writes])
         except BaseException:
-            if reservations and reserver is not None:
+            if reservations and self._reserver is not None:
                 try:
-                    reserver.cancel_reservations([r.trajectory_id for r in reservations])
+                    self._reserver.cancel_reservations([r.trajectory_id for r in reservations])
                 except Exception:
                     logger.exception("could not cancel the reservations of a failed submit")
             raise
-        if self._reporter is not None:
+        if self._reporter is None:
+            return metas
+        if not self._reports_rejections:
             self._reporter.report(metas)
+            return metas
+        self._reporter.report(metas, discard=self._discard_rejected)
         return metas
+
+    # -- clean-up after a rejection -----------------------------------------------------------------
+
+    def _discard_rejected(self, metas: Sequence[TrajectoryMeta]) -> None:
+        """The admission service rejected these trajectories, so nothing will ever release their units: remove
+        their own units, and cancel their reservations, so that the service deletes the multimodal units that no
+        other trajectory, of any rollout worker, references."""
+        keys = [unit.key for meta in metas for unit in meta.units]
+        if keys:
+            self._store.delete_many(keys)
+            logger.info("removed %d units of %d rejected trajectories", len(keys), len(metas))
+        reserved = [meta.trajectory_id for meta in metas if meta.multimodal]
+        if reserved and self._reserver is not None:
+            self._reserver.cancel_reservations(reserved)
 
     # -- splitting ----------------------------------------------------------------------------------
 
@@ -389,6 +414,7 @@ class RolloutClient:
                 except Exception:
                     logger.exception("could not remove %d units of a failed submit", len(owned))
             raise
+
 
 def _is_scalar(value: Any) -> bool:
     if isinstance(value, (bool, int, float, np.number, np.bool_)):

@@ -25,6 +25,7 @@ def _run(args: argparse.Namespace) -> int:
     from knittrans.demo.stack.processes import ProcessFailed
     from knittrans.demo.stack.run import run_demo
     from knittrans.demo.stack.settings import DemoSettings
+    from knittrans.errors import FailedPrecondition
 
     settings = load_config(
         DemoSettings,
@@ -37,6 +38,9 @@ def _run(args: argparse.Namespace) -> int:
         report = run_demo(settings)
     except ProcessFailed as failure:
         print(f"\nknittrans demo: a process failed: {failure}", file=sys.stderr)
+        return 1
+    except FailedPrecondition as failure:  # a backend (Redis, Mooncake) that could not start says why
+        print(f"\nknittrans demo: {failure}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nknittrans demo: interrupted; every process was stopped", file=sys.stderr)

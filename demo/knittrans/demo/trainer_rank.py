@@ -49,6 +49,9 @@ class RecordingMiniBatch:
         self._mini = mini
         self._cp = cp
         self._pieces = pieces
+        # The training loop's waits for the micro-batches after the first: the first one's wait happens when the
+        # mini-batch is taken, and may be a wait for admission rather than for data.
+        self.later_wait_seconds = 0.0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._mini, name)
@@ -57,7 +60,9 @@ class RecordingMiniBatch:
         from knittrans.trainer.layout import item_offsets
 
         assignment = self._mini.assignment
-        for micro in self._mini:
+        for position_in_minibatch, micro in enumerate(self._mini):
+            if position_in_minibatch:
+                self.later_wait_seconds += micro.waited_seconds
             planned = assignment.microbatches[micro.index]
             offsets = item_offsets(planned, self._cp)
             for item, offset in zip(planned.items, offsets, strict=True):
@@ -127,15 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     steps_file = open(out / f"steps-rank{rank}.jsonl", "w")
     pieces_file = open(out / f"received-rank{rank}.jsonl", "w")
     encoder_minis = encoder.mini_batches() if encoder is not None else None
+    waiting_since = time.time()  # wall clock, comparable with the service's admission times
     try:
         for step, mini in enumerate(backbone.mini_batches()):
             encoder_mini = next(encoder_minis) if encoder_minis is not None else None
+            received_at = time.time()
             pieces: list[dict] = []
             started = time.perf_counter()
             images: dict[str, str] = {}
+            recording = RecordingMiniBatch(mini, run.cp, pieces)
             result = step_on_trainer_minibatch(
                 trainer,
-                RecordingMiniBatch(mini, run.cp, pieces),
+                recording,
                 encoder_mini=RecordingEncoderMiniBatch(encoder_mini, images) if encoder_mini is not None else None,
             )
             steps_file.write(json.dumps({
@@ -144,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 "train_version": mini.train_version, "loss": result.loss, "loss_tokens": result.loss_tokens,
                 "micro_batches": result.micro_batches, "encodings_computed": result.encodings_computed,
                 "encoding_references": result.encoding_references, "dedup_factor": result.dedup_factor,
-                "data_wait_seconds": result.data_wait_seconds, "compute_seconds": result.compute_seconds,
+                "waiting_since": waiting_since, "received_at": received_at,
+                "later_wait_seconds": recording.later_wait_seconds, "compute_seconds": result.compute_seconds,
                 "step_seconds": time.perf_counter() - started, "finished_at": time.time(),
                 "bytes_needed": mini.assignment.needed_bytes
                 + (encoder_mini.assignment.needed_bytes if encoder_mini is not None else 0),
@@ -159,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 encoder_mini.complete()
             if step + 1 >= run.steps:
                 break
+            waiting_since = time.time()
     finally:
         steps_file.close()
         pieces_file.close()

@@ -22,7 +22,7 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
     config = tmp_path / "admission.yaml"
     config.write_text(yaml.safe_dump({
         "job": job, "store": store,
-        "engine": {"train_batch_size": 8, "num_minibatches": 2, "sources": {"A": 0.5, "B": 0.5}},
+        "engine": {"train_batch_size": 8, "num_minibatches": 2, "sources": {"math": 0.5, "code": 0.5}},
         "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 96},
                      "encoders": [{"name": "vision", "dp": 1, "max_cost_per_microbatch": 16}]},
         "server": {"port": 0, "metrics": {"port": -1}},
@@ -32,13 +32,15 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
         admission = group.start("admission", [sys.executable, "-m", "knittrans.cli", "admission", "serve",
                                               "--config", str(config), "--ready-file", str(tmp_path / "a.json")])
         address = group.wait_ready(admission, tmp_path / "a.json")["address"]
-        sidecar = group.start("sidecar", [sys.executable, "-m", "knittrans.cli", "reorg", "serve", "--job", job,
+        # No --job: the sidecar serves the admission service's job, where that job's trainers look for it.
+        sidecar = group.start("sidecar", [sys.executable, "-m", "knittrans.cli", "reorg", "serve",
                                           "--store", store, "--admission", address, "--metrics-port", "-1",
                                           "--ready-file", str(tmp_path / "s.json")])
         socket = group.wait_ready(sidecar, tmp_path / "s.json")["address"]
+        assert socket == f"unix:/tmp/knittrans-{job}/reorg-backbone-dp0-cp0.sock"
         rollout = subprocess.run(
             [sys.executable, str(EXAMPLES / "rollout_worker.py"), "--admission", address, "--store", store,
-             "--count", "8"], capture_output=True, text=True, timeout=120,
+             "--count", "8", "--encoder", "vision"], capture_output=True, text=True, timeout=120,
         )
         assert rollout.returncode == 0, rollout.stderr
         assert rollout.stdout.count("submitted example-") == 8
@@ -54,5 +56,26 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
         counts = re.findall(r"loss tokens here (\d+) of (\d+) in the mini-batch", trainer.stdout)
         assert len(counts) == 2 and all(here == total for here, total in counts), trainer.stdout
         group.check()  # the service and the sidecar are still up
+    finally:
+        group.stop_all()
+
+
+def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config(tmp_path: Path) -> None:
+    """deploy/k8s's admission config, as shipped (only the listening addresses moved to loopback and free ports)."""
+    shipped = ROOT / "deploy" / "k8s" / "base" / "admission" / "admission.yaml"
+    store = f"file://{tmp_path / 'units'}"
+    group = ProcessGroup(tmp_path / "logs")
+    try:
+        admission = group.start("admission", [
+            sys.executable, "-m", "knittrans.cli", "admission", "serve", "--config", str(shipped),
+            "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--store", store,
+            "--ready-file", str(tmp_path / "a.json")])
+        address = group.wait_ready(admission, tmp_path / "a.json")["address"]
+        rollout = subprocess.run(
+            [sys.executable, str(EXAMPLES / "rollout_worker.py"), "--admission", address, "--store", store],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert rollout.returncode == 0, rollout.stderr
+        assert "admission: pool 8" in rollout.stdout  # all accepted; a train batch of 256 is far away
     finally:
         group.stop_all()

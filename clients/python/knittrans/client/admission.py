@@ -15,7 +15,7 @@ from enum import StrEnum
 
 import grpc
 
-from knittrans.client.connection import ConnectionSettings, call, call_with_retry, error_from_rpc, open_channel
+from knittrans.client.connection import ConnectionSettings, call_with_retry, error_from_rpc, open_channel
 from knittrans.errors import InvalidArgument
 from knittrans.plan import ConsumerAssignment
 from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
@@ -253,9 +253,8 @@ class AdmissionClient:
         return self._idempotent(self._stub.AdvanceVersion, request, deadline).version
 
     def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
-        response = call(self._stub.GetStatus, pb.GetStatusRequest(), deadline=deadline or self._deadline,
-                        metadata=self._metadata)
-        return status_from_proto(response)
+        """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""
+        return status_from_proto(self._idempotent(self._stub.GetStatus, pb.GetStatusRequest(), deadline))
 
 
 def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:

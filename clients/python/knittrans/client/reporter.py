@@ -2,24 +2,43 @@
 
 Rollout workers call :meth:`BatchingReporter.report` from any thread; reports are sent in batches of up to
 ``max_batch`` trajectories, or after ``max_delay``, whichever comes first. Reports are idempotent by
-trajectory id, so a batch that failed on the wire is simply sent again. A batch the service rejects
-(invalid input, conflict) is not retried: the error is raised from the next ``report`` or ``flush``.
-Reservations of shared units (:meth:`BatchingReporter.reserve_units`) are not batched: the rollout needs
-them acknowledged before it writes.
+trajectory id, so a batch that failed on the wire is simply sent again.
+
+A bad submit fails at that submit, or at the next one, and leaves nothing behind:
+
+* until the service has accepted a first report, :meth:`report` waits for the service's answer, so a
+  systematic mistake (a source or an encoder the job does not have) fails the very submit that made it;
+* a report the service rejects as invalid is not retried. Its trajectories are re-sent one by one, so the
+  valid ones still get in; each rejected one is handed to the ``discard`` callback it was reported with
+  (:class:`~knittrans.rollout.RolloutClient` removes its units from the store), and the error is raised from
+  the next ``report``, ``flush`` or ``close``. A conflict (an id reported before with other content) is raised
+  the same way, but nothing is discarded: the units under that id belong to the first report.
+
+Reservations of shared units (:meth:`BatchingReporter.reserve_units`) are not batched: the rollout needs them
+acknowledged before it writes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from knittrans.client.admission import AdmissionClient, ReportOutcome
-from knittrans.errors import Conflict, KnitTransError
+from knittrans.errors import Conflict, InvalidArgument, KnitTransError
 from knittrans.types import TrajectoryId, TrajectoryMeta, UnitReservation
 
 logger = logging.getLogger(__name__)
+
+Discard = Callable[[Sequence[TrajectoryMeta]], None]
+
+
+@dataclass(frozen=True)
+class _Pending:
+    meta: TrajectoryMeta
+    discard: Discard | None
 
 
 class BatchingReporter:
@@ -33,9 +52,10 @@ class BatchingReporter:
         self._client = client
         self._max_batch = max_batch
         self._max_delay = max_delay.total_seconds()
-        self._pending: list[TrajectoryMeta] = []
+        self._pending: list[_Pending] = []
         self._in_flight = 0
         self._failure: KnitTransError | None = None
+        self._accepted_once = False
         self._closed = False
         self._condition = threading.Condition()
         self._sender = threading.Thread(target=self._run, name="knittrans-reporter", daemon=True)
@@ -47,13 +67,19 @@ class BatchingReporter:
     def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
         self._client.cancel_reservations(trajectory_ids)
 
-    def report(self, trajectories: Sequence[TrajectoryMeta]) -> None:
+    def report(self, trajectories: Sequence[TrajectoryMeta], *, discard: Discard | None = None) -> None:
+        """Queue reports; ``discard`` is called with those the service rejects as invalid (from the sender
+        thread). Raises the error of an earlier rejected report, and, until the service has accepted one report,
+        waits for this one's answer."""
         with self._condition:
             self._raise_failure()
             if self._closed:
                 raise KnitTransError("the reporter is closed")
-            self._pending.extend(trajectories)
+            self._pending.extend(_Pending(meta, discard) for meta in trajectories)
             self._condition.notify_all()
+            accepted_once = self._accepted_once
+        if not accepted_once:
+            self.flush()
 
     def flush(self) -> None:
         """Block until every trajectory reported so far is acknowledged by the service."""
@@ -76,28 +102,69 @@ class BatchingReporter:
             failure, self._failure = self._failure, None
             raise failure
 
+    def _fail(self, error: KnitTransError) -> None:
+        with self._condition:
+            if self._failure is None:  # the first error is the one to fix; the log has the others
+                self._failure = error
+
     def _run(self) -> None:
         while True:
             with self._condition:
                 self._condition.wait_for(lambda: self._pending or self._closed)
                 if self._closed and not self._pending:
                     return
-                if len(self._pending) < self._max_batch:
+                if len(self._pending) < self._max_batch and self._accepted_once:
                     # Give a burst of completions a moment to share one RPC.
                     self._condition.wait(timeout=self._max_delay)
                 batch = self._pending[: self._max_batch]
                 del self._pending[: len(batch)]
                 self._in_flight = len(batch)
             try:
-                results = self._client.report(batch)
-                conflicts = [r for r in results if r.outcome is ReportOutcome.CONFLICT]
-                if conflicts:
-                    raise Conflict(conflicts[0].reason, field=f"trajectory {conflicts[0].trajectory_id}")
-            except KnitTransError as exc:
-                logger.error("reporting %d trajectories failed: %s", len(batch), exc)
-                with self._condition:
-                    self._failure = exc
+                self._send(batch)
             finally:
                 with self._condition:
                     self._in_flight = 0
                     self._condition.notify_all()
+
+    def _send(self, batch: list[_Pending]) -> None:
+        try:
+            self._report(batch)
+        except InvalidArgument as exc:
+            if len(batch) == 1:
+                self._reject(batch[0], exc)
+                return
+            logger.warning("the service rejected a report of %d trajectories (%s); sending them one by one",
+                           len(batch), exc)
+            for item in batch:
+                try:
+                    self._report([item])
+                except InvalidArgument as one:
+                    self._reject(item, one)
+                except KnitTransError as one:
+                    logger.error("reporting trajectory %s failed: %s", item.meta.trajectory_id, one)
+                    self._fail(one)
+        except KnitTransError as exc:
+            logger.error("reporting %d trajectories failed: %s", len(batch), exc)
+            self._fail(exc)
+
+    def _report(self, batch: list[_Pending]) -> None:
+        results = self._client.report([item.meta for item in batch])
+        conflicts = [r for r in results if r.outcome is ReportOutcome.CONFLICT]
+        with self._condition:
+            self._accepted_once = self._accepted_once or len(conflicts) < len(results)
+        if conflicts:
+            raise Conflict(conflicts[0].reason, field=f"trajectory {conflicts[0].trajectory_id}")
+
+    def _reject(self, item: _Pending, error: InvalidArgument) -> None:
+        trajectory_id = item.meta.trajectory_id
+        removed = ""
+        if item.discard is not None:
+            try:
+                item.discard([item.meta])
+                removed = "; its units were removed from the store"
+            except Exception:
+                logger.exception("could not remove the units of rejected trajectory %s", trajectory_id)
+        logger.error("the admission service rejected trajectory %s: %s", trajectory_id, error)
+        field = error.field.split(".", 1)[1] if error.field and "." in error.field else error.field
+        self._fail(InvalidArgument(f"the admission service rejected trajectory {trajectory_id!r}: {error.message}"
+                                   f"{removed}", field=field))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ def _start_listening(
     command_for_port: Callable[[int], list[str]], log_path: Path, what: str, timeout: float, die_with_parent: bool
 ) -> tuple[subprocess.Popen, int]:
     """Start a server on a free port, retrying with another port if it loses the race for one."""
+    log_path = log_path.resolve()  # named in errors, which are read from other directories
     last = ""
     for _ in range(5):
         port = free_port(HOST)
@@ -163,7 +165,7 @@ def _start_listening(
         if process.poll() is None:
             return process, port
         last = f"exited with {process.returncode}"
-    raise FailedPrecondition(f"could not start {what} ({last}); see {log_path}")
+    raise FailedPrecondition(failure_message(what, last, log_path))
 
 
 def start_mooncake(
@@ -176,7 +178,7 @@ def start_mooncake(
     """
     config = config or MooncakeClusterConfig()
     owns_log_dir = log_dir is None
-    directory = Path(tempfile.mkdtemp(prefix="knittrans-mooncake-")) if log_dir is None else log_dir
+    directory = Path(tempfile.mkdtemp(prefix="knittrans-mooncake-")) if log_dir is None else log_dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     master_binary = str(mooncake_binary("mooncake_master"))
     owner_binary = str(mooncake_binary("mooncake_client"))

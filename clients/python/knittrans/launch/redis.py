@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from knittrans.errors import FailedPrecondition
+from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 
 logger = logging.getLogger(__name__)
@@ -45,26 +46,31 @@ def start_redis(data_dir: Path | None = None, *, port: int | None = None, timeou
     if binary is None:
         raise FailedPrecondition("redis-server is not installed; `make test` installs it with apt-get")
     owns_dir = data_dir is None
-    directory = Path(tempfile.mkdtemp(prefix="knittrans-redis-")) if data_dir is None else data_dir
+    # Absolute: redis-server changes into --dir before it opens --logfile.
+    directory = Path(tempfile.mkdtemp(prefix="knittrans-redis-")) if data_dir is None else data_dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    last_error: Exception | None = None
+    log_path = directory / "redis.log"
+    last_error = ""
     for _ in range(5):  # a free port can be taken between probing and binding
         chosen = port or free_port()
         process = subprocess.Popen(
             [binary, "--bind", "127.0.0.1", "--port", str(chosen), "--dir", str(directory), "--appendonly", "yes",
              "--appendfsync", "always", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
-             "--logfile", str(directory / "redis.log")],
+             "--logfile", str(log_path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
             wait_until(lambda p=process, c=chosen: p.poll() is not None or accepts_connections("127.0.0.1", c),
                        timeout=timeout, what="redis-server")
-        except TimeoutError as exc:
+        except TimeoutError:
             process.kill()
-            last_error = exc
+            process.wait()
+            last_error = f"not listening after {timeout:.0f}s"
             continue
         if process.poll() is None:
             logger.info("redis-server pid %d on port %d (dir %s)", process.pid, chosen, directory)
             return RedisServer(port=chosen, data_dir=directory, process=process, _owns_dir=owns_dir)
-        last_error = FailedPrecondition(f"redis-server exited with {process.returncode}")
-    raise FailedPrecondition(f"could not start redis-server: {last_error}")
+        last_error = f"exited with {process.returncode}"
+        if port:
+            break  # the port was given: another try would meet the same fate
+    raise FailedPrecondition(failure_message("redis-server", last_error, log_path))

@@ -20,7 +20,10 @@ class StepRow:
     trained_at: float
     composition: dict[str, int]
     mean_staleness: float
-    data_wait_seconds: float  # the slowest rank's exposed wait for data
+    # The slowest rank's wait for the mini-batch to be admitted (rollouts slower than training), and its wait for
+    # data after admission (planning, reads, packing, delivery): the part KnitTrans' data path exposes.
+    admission_wait_seconds: float
+    data_wait_after_admission_seconds: float
     compute_seconds: float
     bytes_needed: int
     dedup_factor: float
@@ -95,16 +98,23 @@ def build_rows(
         sources = Counter(manifest[t]["source"] for t in ids if t in manifest)
         versions = [manifest[t]["version"] for t in ids if t in manifest]
         train_version = admission.get("train_version", first["train_version"])
+        admitted_at = admission.get("admitted_at", started_at)
+        rank_waits = [
+            split_wait(waiting_since=r["waiting_since"], received_at=r["received_at"], admitted_at=admitted_at,
+                       later_wait_seconds=r["later_wait_seconds"])
+            for r in ranks
+        ]
         rows.append(
             StepRow(
                 step=step,
                 train_batch=first["train_batch"],
                 minibatch=first["minibatch"],
-                admitted_at=round(admission.get("admitted_at", started_at) - started_at, 3),
+                admitted_at=round(admitted_at - started_at, 3),
                 trained_at=round(max(r["finished_at"] for r in ranks) - started_at, 3),
                 composition=dict(sorted(sources.items())),
                 mean_staleness=round(sum(train_version - v for v in versions) / len(versions), 3) if versions else 0.0,
-                data_wait_seconds=round(max(r["data_wait_seconds"] for r in ranks), 4),
+                admission_wait_seconds=round(max(waits[0] for waits in rank_waits), 4),
+                data_wait_after_admission_seconds=round(max(waits[1] for waits in rank_waits), 4),
                 compute_seconds=round(max(r["compute_seconds"] for r in ranks), 4),
                 bytes_needed=sum(r.get("bytes_needed", 0) for r in ranks),
                 dedup_factor=round(first["dedup_factor"], 3),
@@ -112,6 +122,20 @@ def build_rows(
             )
         )
     return rows
+
+
+def split_wait(
+    *, waiting_since: float, received_at: float, admitted_at: float, later_wait_seconds: float
+) -> tuple[float, float]:
+    """(waiting for admission, waiting for data after admission) of one rank's step, in seconds.
+
+    The rank waited from ``waiting_since`` until its first micro-batch arrived at ``received_at``; the part before
+    the mini-batch was admitted is a wait for admission, the rest and every later micro-batch's wait are waits for
+    data. All three instants are wall-clock times of the same machine.
+    """
+    first_wait = max(0.0, received_at - waiting_since)
+    for_admission = min(first_wait, max(0.0, admitted_at - waiting_since))
+    return for_admission, first_wait - for_admission + later_wait_seconds
 
 
 def check_run(
@@ -189,14 +213,15 @@ def check_run(
 
 
 def format_table(rows: list[StepRow]) -> str:
-    header = ("step", "tb.mb", "admitted s", "trained s", "composition", "stale", "wait s", "compute s",
-              "needed KiB", "dedup", "loss")
+    header = ("step", "tb.mb", "admitted s", "trained s", "composition", "stale", "admission wait s",
+              "data wait s", "compute s", "needed KiB", "dedup", "loss")
     lines = [header]
     for row in rows:
         lines.append((
             str(row.step), f"{row.train_batch}.{row.minibatch}", f"{row.admitted_at:.2f}", f"{row.trained_at:.2f}",
             " ".join(f"{k[:4]}={v}" for k, v in row.composition.items()), f"{row.mean_staleness:.2f}",
-            f"{row.data_wait_seconds:.3f}", f"{row.compute_seconds:.3f}", f"{row.bytes_needed / 1024:.0f}",
+            f"{row.admission_wait_seconds:.3f}", f"{row.data_wait_after_admission_seconds:.3f}",
+            f"{row.compute_seconds:.3f}", f"{row.bytes_needed / 1024:.0f}",
             f"{row.dedup_factor:.1f}", f"{row.loss:.4f}",
         ))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -209,7 +234,7 @@ def plot(rows: list[StepRow], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     steps = [r.step for r in rows]
     axes[0].plot(steps, [r.loss for r in rows], marker="o")
     axes[0].set(title="loss per optimizer step", xlabel="step", ylabel="loss")
@@ -217,10 +242,13 @@ def plot(rows: list[StepRow], path: Path) -> None:
     axes[1].plot(steps, [r.trained_at for r in rows], marker="x", label="trained")
     axes[1].set(title="mini-batch timeline", xlabel="step", ylabel="seconds since start")
     axes[1].legend()
-    axes[2].bar([s - 0.2 for s in steps], [r.data_wait_seconds for r in rows], width=0.4, label="exposed data wait")
-    axes[2].bar([s + 0.2 for s in steps], [r.compute_seconds for r in rows], width=0.4, label="compute")
-    axes[2].set(title="exposed transfer vs compute", xlabel="step", ylabel="seconds")
-    axes[2].legend()
+    axes[2].bar(steps, [r.admission_wait_seconds for r in rows], width=0.6, color="tab:gray")
+    axes[2].set(title="waiting for admission (rollout slower than training)", xlabel="step", ylabel="seconds")
+    axes[3].bar([s - 0.2 for s in steps], [r.data_wait_after_admission_seconds for r in rows], width=0.4,
+                label="waiting for data after admission")
+    axes[3].bar([s + 0.2 for s in steps], [r.compute_seconds for r in rows], width=0.4, label="compute")
+    axes[3].set(title="exposed data wait after admission vs compute", xlabel="step", ylabel="seconds")
+    axes[3].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from dataclasses import asdict
 from pathlib import Path
+from typing import TextIO
 
 import grpc
 import yaml
@@ -45,16 +46,39 @@ ENCODER_COST_PER_MICROBATCH = 64
 DEMO_LEASE_TTL_MS = 1000
 
 
-def _progress(message: str) -> None:
-    print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
+class Progress:
+    """The demo's status line on stderr: redrawn in place on a terminal; in a log (CI, ``make demo > log``) plain
+    lines, one per change of what it is waiting for, without carriage returns or terminal escape codes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._in_place = stream.isatty()
+        self._line_open = False
+        self._last_key: object = None
+
+    def show(self, message: str, *, key: object = None) -> None:
+        """Show ``message``; in a log only when ``key`` (default: the message) differs from the last one's."""
+        key = message if key is None else key
+        if self._in_place:
+            print(f"\r\033[K{message}", end="", file=self._stream, flush=True)
+            self._line_open = True
+        elif key != self._last_key:
+            print(message, file=self._stream, flush=True)
+        self._last_key = key
+
+    def end_line(self) -> None:
+        if self._line_open:
+            print(file=self._stream, flush=True)
+            self._line_open = False
 
 
 class DemoStack:
     """The processes of one demo run, started in dependency order."""
 
-    def __init__(self, settings: DemoSettings, out: Path) -> None:
+    def __init__(self, settings: DemoSettings, out: Path, progress: Progress) -> None:
         self.settings = settings
         self.out = out
+        self.progress = progress
         self.job = f"{settings.job}-{uuid.uuid4().hex[:6]}"  # segments, sockets and store paths of this run only
         self.group = ProcessGroup(out / "logs")
         self.python = sys.executable
@@ -67,7 +91,6 @@ class DemoStack:
         self.admissions: dict[int, dict] = {}
         self._admission_stream = None
         self._admission_watcher: threading.Thread | None = None
-        self._last_progress = ""
 
     # -- starting ----------------------------------------------------------------------------------------
 
@@ -193,14 +216,15 @@ class DemoStack:
 
     def show_progress(self, client: AdmissionClient) -> None:
         status = client.status()
+        steps = self.steps_done()
         line = (
-            f"step {self.steps_done()}/{self.settings.num_steps}  train batch {status.train_batch_index} "
+            f"step {steps}/{self.settings.num_steps}  train batch {status.train_batch_index} "
             f"mini-batch {status.minibatch_index}/{status.num_minibatches}  pool {status.pool_size}  "
             f"admitted {status.admitted_total}  version {status.policy_version}  waiting: {status.blocking_reason}"
         )
-        if line != self._last_progress:
-            self._last_progress = line
-            _progress(f"[{time.time() - self.started_at:6.1f}s] {line}")
+        # A log gets a line per step and per change of what admission waits for, not per pool change.
+        key = (steps, status.train_batch_index, status.minibatch_index, status.blocking_reason)
+        self.progress.show(f"[{time.time() - self.started_at:6.1f}s] {line}", key=key)
 
     def watch_admissions(self) -> None:
         """Record every admitted mini-batch as it is admitted (released ones are forgotten by the service)."""
@@ -251,17 +275,19 @@ class DemoStack:
 
 
 def run_demo(settings: DemoSettings) -> DemoReport:
-    out = Path(settings.out)
+    # Absolute: every path below is handed to a child process, and some (redis-server) change directory first.
+    out = Path(settings.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    stack = DemoStack(settings, out)
+    progress = Progress(sys.stderr)
+    stack = DemoStack(settings, out, progress)
     try:
         state = stack.start_backends()
-        _progress("starting the admission service")
+        progress.show("starting the admission service")
         stack.start_admission(state)
-        _progress("starting reorg sidecars")
+        progress.show("starting reorg sidecars")
         stack.start_sidecars()
-        print(file=sys.stderr)
+        progress.end_line()
         print("Prometheus can scrape:", *stack.metrics_urls, sep="\n  ", file=sys.stderr)
         stack.watch_admissions()
         stack.start_trainers()
@@ -275,7 +301,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
 
             stack.group.wait_all(lambda p: p.name.startswith(("trainer", "rollout")), poll=poll)
             stack.show_progress(client)
-        print(file=sys.stderr)
+        progress.end_line()
         admissions = dict(stack.admissions)
         bytes_read, bytes_needed = stack.sidecar_bytes()
     finally:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,13 +24,15 @@ logger = logging.getLogger(__name__)
 def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Run a reorg sidecar for one (role, DP rank, CP rank): assignments in, packed micro-batches in shm out."""
     parser.add_argument("--config", help="YAML config file (default: $KNITTRANS_CONFIG)")
-    parser.add_argument("--job", help="job name: prefixes shared-memory segments and the default socket")
+    parser.add_argument("--job", help="job name: prefixes shared-memory segments and the default socket "
+                                      "(default: the admission service's job)")
     parser.add_argument("--role", help="backbone (default) or encoder:<name>")
     parser.add_argument("--dp-rank", type=int)
     parser.add_argument("--cp-rank", type=int)
     parser.add_argument("--store", help="unit store URL: file:///dev/shm/..., mooncake://host:port, ray://")
     parser.add_argument("--admission", help="admission service address, host:port")
-    parser.add_argument("--socket", help="Unix socket the trainer ranks dial (default under /tmp/knittrans-<job>/)")
+    parser.add_argument("--socket", help="Unix socket the trainer ranks dial (default: "
+                                         "/tmp/knittrans-<job>/reorg-<role>-dp<D>-cp<C>.sock)")
     parser.add_argument("--slots", type=int, help="ring size K (default 4)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one, -1 disables")
     parser.add_argument("--ready-file", type=Path, help="write {address, metrics_port, incarnation} as JSON here once "
@@ -60,6 +63,16 @@ async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Pat
         give_up_after=timedelta(seconds=link.give_up_after_seconds) if link.give_up_after_seconds else None,
     )
     source = AdmissionAssignmentSource(link.connection(), settings.consumer, watch)
+    if not settings.job:
+        # Without --job, the sidecar belongs to the admission service's job: its socket is then where a trainer
+        # of that job looks (/tmp/knittrans-<job>/...), and a file:// store without a path is that job's.
+        try:
+            registration = await source.register()
+        except BaseException:
+            await source.close()
+            raise
+        settings = replace(settings, job=registration.job or "default")
+        logger.info("serving job %r (the admission service's)", settings.job)
     store = await asyncio.to_thread(open_store, settings.store, job=settings.job)
     try:
         running = await start_reorg(settings, source=source, store=store)

@@ -187,6 +187,8 @@ async def start_reorg(
     consumer = settings.consumer
     registration = await source.register()
     job = registration.job or settings.job
+    if not settings.job:  # the segments and the default socket are named after the admission service's job
+        settings = replace(settings, job=job or "default")
     metrics = ReorgMetrics(registry, role=consumer.role)
     incarnation = new_incarnation()
     ring: SharedMemoryRing[MicroBatchDescriptor] = SharedMemoryRing(

@@ -74,7 +74,7 @@ class RingSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ReorgSettings:
-    job: str = "default"
+    job: str = ""  # empty: the admission service's job (learned when the sidecar registers)
     role: str = "backbone"
     dp_rank: int = 0
     cp_rank: int = 0
@@ -87,7 +87,8 @@ class ReorgSettings:
     retained_minibatches: int = 16  # mini-batch contexts kept for GetMiniBatch
 
     def __post_init__(self) -> None:
-        check_id(self.job, "job")
+        if self.job:
+            check_id(self.job, "job")
         self.consumer  # noqa: B018 (validates role and ranks)
         if not self.store:
             raise InvalidArgument("must name the unit store, e.g. file:///dev/shm/knittrans-job", field="store")

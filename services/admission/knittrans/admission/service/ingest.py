@@ -61,6 +61,10 @@ class Ingested(NamedTuple):
     multimodal_keys: tuple[str, ...]
 
 
+def _listed(names: Collection[str], none: str = "none") -> str:
+    return ", ".join(repr(name) for name in sorted(names)) if names else none
+
+
 def _bad_id(value: str) -> bool:
     return not value or len(value) > MAX_ID_LENGTH or not _ID_PATTERN.match(value)
 
@@ -110,7 +114,8 @@ def check_trajectory(
         raise _id_error(sample_id, f"{field}.sample_id")
     source = message.source
     if source not in limits.sources:
-        raise InvalidArgument(f"unknown source {source!r}", field=f"{field}.source")
+        raise InvalidArgument(f"unknown source {source!r}; the job's sources are {_listed(limits.sources)}",
+                              field=f"{field}.source")
     num_tokens = message.num_tokens
     if num_tokens < 1:
         raise InvalidArgument("must be a positive integer", field=f"{field}.num_tokens")
@@ -185,7 +190,10 @@ def check_trajectory(
         if _bad_id(key):
             raise _id_error(key, f"{field}.multimodal[{i}].key")
         if ref.encoder not in limits.encoders:
-            raise InvalidArgument(f"unknown encoder {ref.encoder!r}", field=f"{field}.multimodal[{i}].encoder")
+            raise InvalidArgument(
+                f"unknown encoder {ref.encoder!r}; the job's topology has {_listed(limits.encoders, 'no encoders')}",
+                field=f"{field}.multimodal[{i}].encoder",
+            )
         cost = ref.cost
         if not (cost > 0 and math.isfinite(cost)):
             raise InvalidArgument("must be a positive finite number", field=f"{field}.multimodal[{i}].cost")

@@ -1,0 +1,95 @@
+"""A submit the admission service rejects fails with a clear error, at that submit or the next, and leaves no units
+behind in the store; valid trajectories reported alongside it still get in, and units they share stay."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from knittrans.admission.service.app import start_admission_service
+from knittrans.client.admission import AdmissionClient
+from knittrans.client.reporter import BatchingReporter
+from knittrans.errors import InvalidArgument
+from knittrans.rollout import MultimodalInput, RolloutClient
+from knittrans.store.factory import open_store
+from knittrans.types import TokenSpan, VersionSegment
+
+from .builders import SOURCES, service_settings
+
+
+def stored_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def submit(rollout: RolloutClient, name: str, *, sample: str, source: str = "A", encoder: str = "vision",
+           version: int = 0, image: int = 0):
+    tokens = 40
+    return rollout.submit(
+        {"input_ids": np.arange(tokens, dtype=np.int32), "loss_mask": (np.arange(tokens) >= 8).astype(np.uint8),
+         "logprobs": np.zeros(tokens, np.float32)},
+        trajectory_id=name, sample_id=sample, source=source, rollout_step=0,
+        segments=(VersionSegment(version=version, num_tokens=32),),
+        multimodal=(MultimodalInput(data=np.full((8, 8, 3), image, np.uint8), encoder=encoder, cost=4.0,
+                                    placeholder=TokenSpan(start=2, end=6)),),
+    )
+
+
+async def with_service(tmp_path: Path, scenario) -> None:
+    store_url = f"file://{tmp_path / 'units'}"
+    running = await start_admission_service(service_settings(store=store_url, job=f"t{uuid.uuid4().hex[:6]}"))
+    try:
+        await asyncio.to_thread(scenario, running.address, store_url)
+    finally:
+        await running.stop(0)
+
+
+async def test_a_first_submit_from_an_unknown_source_fails_there_and_leaves_nothing(tmp_path: Path) -> None:
+    def scenario(address: str, store_url: str) -> None:
+        store = open_store(store_url)
+        with AdmissionClient(address) as client:
+            reporter = BatchingReporter(client)
+            rollout = RolloutClient(store, namespace="job", reporter=reporter)
+            with pytest.raises(InvalidArgument) as failure:
+                submit(rollout, "t0", sample="s0", source="math")
+            assert failure.value.field == "source"
+            message = str(failure.value)
+            assert "'math'" in message and "t0" in message
+            assert all(repr(source) in message for source in SOURCES)  # what the job does accept
+            assert stored_files(tmp_path / "units") == []
+            assert client.status().pool_size == 0
+            reporter.close()  # nothing else is pending
+        store.close()
+
+    await with_service(tmp_path, scenario)
+
+
+async def test_a_later_rejection_fails_the_next_call_and_removes_only_the_rejected_units(tmp_path: Path) -> None:
+    def scenario(address: str, store_url: str) -> None:
+        store = open_store(store_url)
+        with AdmissionClient(address) as client:
+            reporter = BatchingReporter(client)
+            rollout = RolloutClient(store, namespace="job", reporter=reporter)
+            good = [submit(rollout, f"good-{i}", sample="s0", image=0) for i in range(3)]
+            reporter.flush()
+            # Rejected by the service only: a version from the future, and an encoder the topology lacks. The
+            # first shares its sample's image with the good ones; the second has an image of its own.
+            future = submit(rollout, "future", sample="s0", version=5, image=0)
+            no_encoder = submit(rollout, "no-such-encoder", sample="s1", encoder="audio", image=1)
+            good.append(submit(rollout, "good-3", sample="s2", image=2))
+            with pytest.raises(InvalidArgument, match=r"rejected trajectory '(future|no-such-encoder)'"):
+                reporter.flush()
+            reporter.close()
+            status = client.status()
+            assert status.pool_size + status.admitted_total == len(good)
+            good_keys = sorted({u.key for m in good for u in (*m.units, *m.multimodal)})
+            assert store.exists(good_keys) == [True] * len(good_keys)  # the shared image of s0 included
+            rejected_keys = [u.key for u in (*future.units, *no_encoder.units, *no_encoder.multimodal)]
+            assert store.exists(rejected_keys) == [False] * len(rejected_keys)
+            assert len(stored_files(tmp_path / "units")) == len(good_keys)
+        store.close()
+
+    await with_service(tmp_path, scenario)
