@@ -6,67 +6,27 @@ duplicated-path reference itself and reports its differences as JSON.
 
 from __future__ import annotations
 
-import json
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.gloo_ranks import run_ranks
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 TOLERANCE = 2e-5  # relative to each tensor's largest entry: float32 round-off
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def run_ranks(world_size: int, out: Path) -> list[dict]:
-    port = free_port()
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                f"--rank={rank}",
-                f"--world-size={world_size}",
-                f"--port={port}",
-                f"--out={out}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(world_size)
-    ]
-    logs = []
-    try:
-        for process in processes:
-            logs.append(process.communicate(timeout=150)[0].decode(errors="replace"))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for rank, (process, log) in enumerate(zip(processes, logs, strict=True)):
-        assert process.returncode == 0, f"rank {rank} exited with {process.returncode}:\n{log}"
-    results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]
-    for rank, result in enumerate(results):
-        assert "crash" not in result, f"rank {rank} crashed:\n{result['crash']}"
-    return results
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return run_ranks(2, tmp_path_factory.mktemp("two_ranks"))
+    return run_ranks(WORKER, 2, tmp_path_factory.mktemp("two_ranks"))
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return run_ranks(4, tmp_path_factory.mktemp("four_ranks"))
+    return run_ranks(WORKER, 4, tmp_path_factory.mktemp("four_ranks"))
 
 
 def assert_matches_duplicated_path(results: list[dict], scenario: str) -> None:

@@ -11,14 +11,13 @@ its own.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from tests.gloo_ranks import run_ranks
 
 WORKER = Path(__file__).with_name("wire_order_worker.py")
 TOLERANCE = 1e-5  # relative to each tensor's largest entry; float64 round-off is ~1e-15
@@ -70,51 +69,14 @@ def draw_examples(world: int) -> list[dict]:
     return drawn
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def run_ranks(world_size: int, examples_list: list[dict], out: Path) -> list[dict]:
+def run_examples(world_size: int, examples_list: list[dict], out: Path) -> list[dict]:
     (out / "examples.json").write_text(json.dumps(examples_list))
-    port = free_port()
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                f"--rank={rank}",
-                f"--world-size={world_size}",
-                f"--port={port}",
-                f"--examples={out / 'examples.json'}",
-                f"--out={out}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(world_size)
-    ]
-    logs = []
-    try:
-        for process in processes:
-            logs.append(process.communicate(timeout=600)[0].decode(errors="replace"))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for rank, (process, log) in enumerate(zip(processes, logs, strict=True)):
-        assert process.returncode == 0, f"rank {rank} exited with {process.returncode}:\n{log}"
-    results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world_size)]
-    crashes = [f"rank {rank} crashed:\n{result['crash']}" for rank, result in enumerate(results) if "crash" in result]
-    assert not crashes, "\n".join(crashes)
-    return results
+    return run_ranks(WORKER, world_size, out, extra_args=[f"--examples={out / 'examples.json'}"], timeout=600)
 
 
 def launch(world: int, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], list[dict]]:
     drawn = draw_examples(world)
-    return drawn, run_ranks(world, drawn, tmp_path_factory.mktemp(f"wire_order_{world}"))
+    return drawn, run_examples(world, drawn, tmp_path_factory.mktemp(f"wire_order_{world}"))
 
 
 @pytest.fixture(scope="module")
