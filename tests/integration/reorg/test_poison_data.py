@@ -104,8 +104,10 @@ def check_intact(micros: list[dict], expected: dict[str, tuple[TrajectoryMeta, d
             meta, fields = expected[trajectory_id]
             length = len(fields["input_ids"])
             rows = slice(int(cu[i]), int(cu[i]) + length)
-            for name in ("input_ids", "loss_mask", "routing"):
+            for name in ("input_ids", "routing"):
                 np.testing.assert_array_equal(tensors[name][rows], fields[name])
+            # Submitted token-aligned (the default), the loss mask is delivered label-aligned: the next token's.
+            np.testing.assert_array_equal(tensors["loss_mask"][rows], np.append(fields["loss_mask"][1:], 0))
             np.testing.assert_array_equal(tensors["stats"][i], fields["stats"])
             assert tensors["scalar.reward"][i] == dict(meta.scalars)["reward"]
             seen.append(trajectory_id)
