@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class StoredUnit:
     """A unit the part reads: its key, the bytes its header says (None when the rollout reported no header), the
-    trajectory it belongs to ("" for a multimodal input) and the first micro-batch that reads it."""
+    trajectory it belongs to (for a multimodal input, the first trajectory its output is routed to) and the first
+    micro-batch that reads it."""
 
     key: UnitKey
     byte_length: int | None
@@ -57,13 +58,15 @@ def stored_units(event: AssignmentEvent) -> list[StoredUnit]:
         if message is not None:
             for index, micro in enumerate(message.encoder_microbatches):
                 for encoding in micro.encodings:
-                    add(encoding.key, encoding.header.byte_length if encoding.HasField("header") else None, "", index)
+                    add(encoding.key, encoding.header.byte_length if encoding.HasField("header") else None,
+                        encoding.routes[0].trajectory_id if encoding.routes else "", index)
         else:
             assert decoded is not None
             for index, encoder_micro in enumerate(decoded.encoder_microbatches):
                 for use in encoder_micro.encodings:
                     header = use.encoding.header
-                    add(use.encoding.key, None if header is None else header.byte_length, "", index)
+                    add(use.encoding.key, None if header is None else header.byte_length,
+                        use.routes[0].trajectory_id if use.routes else "", index)
         return list(units.values())
     if message is not None:
         for index, micro in enumerate(message.microbatches):
