@@ -225,6 +225,7 @@ def test_a_unit_one_consumer_reads_fails_the_minibatch_on_every_rank_of_every_co
     assert status.failed_minibatches == before.failed_minibatches + 1
     new = [f for f in status.recent_failures if f.sequence in sequences]
     assert len(new) == 1, new  # reported once, by the consumer that reads the unit
+    failed_sequence = new[0].sequence
     assert (new[0].trajectory_id, new[0].unit_key) == (victim.meta.trajectory_id, key)
     if reader is not None:
         assert (new[0].consumer.role, new[0].consumer.dp_rank) == (reader.role, reader.dp_rank)
@@ -237,3 +238,6 @@ def test_a_unit_one_consumer_reads_fails_the_minibatch_on_every_rank_of_every_co
     stack.client.report([w.meta for w in following])
     check_intact(stack.consume_everywhere(), following)
     stack.check_all_alive()
+    # Taking the next mini-batch reported the failed one's step on every consumer: its units were released (and
+    # with it every mini-batch before it), so a failed mini-batch holds nothing in the store.
+    assert stack.client.status().released_minibatches == failed_sequence
