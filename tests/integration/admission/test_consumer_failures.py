@@ -180,7 +180,9 @@ async def test_a_verdict_waits_for_every_consumer_and_answers_the_waiting_calls(
         for consumer in consumers[:-1]:
             verify(consumer, 1)
             verify(consumer, 1)  # a repeat changes nothing
-        assert wait(1, 0).verdict == pb.MINI_BATCH_VERDICT_PENDING  # one consumer still owes its check
+        pending = wait(1, 0)  # one consumer still owes its check
+        assert pending.verdict == pb.MINI_BATCH_VERDICT_PENDING
+        assert list(pending.waiting_for) == [consumer_to_proto(consumers[-1])]
         with ThreadPoolExecutor(2) as pool:
             waiting = [pool.submit(wait, 1, 50), pool.submit(wait, 2, 50)]
             verify(consumers[-1], 1)

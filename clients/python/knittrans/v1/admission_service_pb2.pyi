@@ -257,12 +257,14 @@ class WaitMiniBatchVerdictRequest(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class WaitMiniBatchVerdictResponse(_message.Message):
-    __slots__ = ("verdict", "failure")
+    __slots__ = ("verdict", "failure", "waiting_for")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     verdict: MiniBatchVerdict
     failure: ConsumerFailure
-    def __init__(self, verdict: _Optional[_Union[MiniBatchVerdict, str]] = ..., failure: _Optional[_Union[ConsumerFailure, _Mapping]] = ...) -> None: ...
+    waiting_for: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
+    def __init__(self, verdict: _Optional[_Union[MiniBatchVerdict, str]] = ..., failure: _Optional[_Union[ConsumerFailure, _Mapping]] = ..., waiting_for: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ...) -> None: ...
 
 class UnitReservation(_message.Message):
     __slots__ = ("trajectory_id", "sample_id", "multimodal_keys")

@@ -438,7 +438,9 @@ class AdmissionAssignmentSource:
         """Long-polls until the service has the verdict; waits for as long as some consumer has not verified."""
         poll = self._settings.verdict_poll.total_seconds()
         request = admission_service_pb2.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=poll)
+        polls = 0
         while True:
+            polls += 1
             response = await self._unary(self._stub.WaitMiniBatchVerdict, request, extra_seconds=poll)
             if response.verdict == admission_service_pb2.MINI_BATCH_VERDICT_OK:
                 return Verdict()
@@ -447,6 +449,11 @@ class AdmissionAssignmentSource:
             if response.verdict != admission_service_pb2.MINI_BATCH_VERDICT_PENDING:
                 raise KnitTransError(f"unknown verdict {response.verdict} on mini-batch {sequence}",
                                      field="verdict")
+            if polls % 6 == 0:  # about every 30 s with the default poll
+                waiting = ", ".join(f"{c.role} dp {c.dp_rank} cp {c.cp_rank}" for c in response.waiting_for)
+                logger.warning("%s: mini-batch %d still waits for its verdict after %.0fs: not verified yet by %s "
+                               "(is every planned consumer's sidecar running?)", self._consumer, sequence,
+                               polls * poll, waiting or "?")
 
     async def close(self) -> None:
         await self._channel.close()

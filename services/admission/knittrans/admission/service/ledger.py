@@ -790,6 +790,13 @@ class AdmissionLedger:
         minibatch = self.minibatches.get(sequence)
         return minibatch is not None and minibatch.verdict is Verdict.PENDING and consumer not in minibatch.verified
 
+    def unverified(self, sequence: int) -> list[ConsumerId]:
+        """The planned consumers that have not verified a PENDING mini-batch yet (empty once it is decided)."""
+        minibatch = self.minibatches.get(sequence)
+        if minibatch is None or minibatch.verdict is not Verdict.PENDING:
+            return []
+        return [consumer for consumer in self.consumers if consumer not in minibatch.verified]
+
     def verdict(self, sequence: int) -> tuple[Verdict, admission_service_pb2.ConsumerFailure | None]:
         """The verdict on admitted mini-batch ``sequence``, with the failure that decided a FAILED one."""
         if not 1 <= sequence < self.next_sequence:

@@ -32,7 +32,7 @@ from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
-from knittrans.wire import consumer_from_proto, topology_to_proto, within
+from knittrans.wire import consumer_from_proto, consumer_to_proto, topology_to_proto, within
 
 logger = logging.getLogger(__name__)
 
@@ -375,7 +375,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 except TimeoutError:
                     pass
             verdict, failure = self._ledger.verdict(sequence)
-        return pb.WaitMiniBatchVerdictResponse(verdict=_VERDICTS[verdict], failure=failure)
+        waiting_for = [consumer_to_proto(c) for c in self._ledger.unverified(sequence)] \
+            if verdict is Verdict.PENDING else []
+        return pb.WaitMiniBatchVerdictResponse(verdict=_VERDICTS[verdict], failure=failure, waiting_for=waiting_for)
 
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
         async with self._lock:
