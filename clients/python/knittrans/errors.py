@@ -94,7 +94,8 @@ class Aborted(KnitTransError):
 
 class MiniBatchFailed(KnitTransError):
     """The data plane could not read or pack an admitted mini-batch (a unit missing from the store, bytes that
-    disagree with their header). Every trainer rank of the consumer gets it instead of the mini-batch; ``field``
+    disagree with their header). Every trainer rank of every consumer gets it instead of the mini-batch when
+    verification found it (only the failing consumer's ranks when reading did, after verification); ``field``
     names the unit key (or the trajectory when no unit is to blame)."""
 
     status_code = "DATA_LOSS"

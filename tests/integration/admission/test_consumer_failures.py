@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import grpc
 import pytest
 
 from knittrans.admission.service.app import start_admission_service
-from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
+from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings, all_consumers
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import error_from_rpc
 from knittrans.errors import InvalidArgument
@@ -149,5 +150,56 @@ async def test_the_first_trajectory_must_be_packable(service, build, field: str,
             assert client.report([replace(build(make_meta(1)), accepted=False)])[0].outcome.value == "accepted"
             client.report([make_meta(2)])
             assert client.status().pool_size == 1
+
+    await run(scenario)
+
+
+def verdict_stub(address: str, call):
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return call(admission_service_pb2_grpc.AdmissionServiceStub(channel))
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+
+async def test_a_verdict_waits_for_every_consumer_and_answers_the_waiting_calls(service) -> None:
+    consumers = all_consumers(service_settings().topology)
+
+    def wait(sequence: int, seconds: float) -> pb.WaitMiniBatchVerdictResponse:
+        return verdict_stub(service.address, lambda stub: stub.WaitMiniBatchVerdict(
+            pb.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=seconds), timeout=seconds + 10))
+
+    def verify(consumer: ConsumerId, sequence: int) -> None:
+        verdict_stub(service.address, lambda stub: stub.ReportProgress(pb.ReportProgressRequest(
+            request_id=f"v/{consumer}", consumer=consumer_to_proto(consumer), sequence=sequence,
+            stage=pb.PROGRESS_STAGE_VERIFIED), timeout=5))
+
+    def scenario() -> None:
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(8)])  # admits sequences 1 and 2
+        for consumer in consumers[:-1]:
+            verify(consumer, 1)
+            verify(consumer, 1)  # a repeat changes nothing
+        pending = wait(1, 0)  # one consumer still owes its check
+        assert pending.verdict == pb.MINI_BATCH_VERDICT_PENDING
+        assert list(pending.waiting_for) == [consumer_to_proto(consumers[-1])]
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(wait, 1, 50), pool.submit(wait, 2, 50)]
+            verify(consumers[-1], 1)
+            assert report_failure(service.address, failure(consumers[0], 2))
+            ok, failed = (f.result() for f in waiting)
+        assert ok.verdict == pb.MINI_BATCH_VERDICT_OK and not ok.HasField("failure")
+        assert failed.verdict == pb.MINI_BATCH_VERDICT_FAILED
+        assert (failed.failure.sequence, failed.failure.unit_key) == (2, "t2/input_ids")
+        for consumer in consumers:  # verifying after the verdict changes it no more
+            verify(consumer, 2)
+        assert wait(2, 0).verdict == pb.MINI_BATCH_VERDICT_FAILED
+        for bad, field in (({"sequence": 9, "timeout_seconds": 1}, "sequence"),
+                           ({"sequence": 1, "timeout_seconds": -1}, "timeout_seconds"),
+                           ({"sequence": 1, "timeout_seconds": 61}, "timeout_seconds")):
+            with pytest.raises(InvalidArgument) as info:
+                verdict_stub(service.address, lambda stub, bad=bad: stub.WaitMiniBatchVerdict(
+                    pb.WaitMiniBatchVerdictRequest(**bad), timeout=5))
+            assert info.value.field == field
 
     await run(scenario)

@@ -38,6 +38,13 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
                                           "--ready-file", str(tmp_path / "s.json")])
         socket = group.wait_ready(sidecar, tmp_path / "s.json")["address"]
         assert socket == f"unix:/tmp/knittrans-{job}/reorg-backbone-dp0-cp0.sock"
+        # Every planned consumer runs its sidecar: a mini-batch goes out once every one verified its part. Nobody
+        # consumes the encoder's micro-batches here; its sidecar verifies regardless.
+        encoder = group.start("encoder-sidecar", [sys.executable, "-m", "knittrans.cli", "reorg", "serve", "--job",
+                                                  job, "--role", "encoder:vision", "--store", store, "--admission",
+                                                  address, "--metrics-port", "-1", "--ready-file",
+                                                  str(tmp_path / "e.json")])
+        group.wait_ready(encoder, tmp_path / "e.json")
         rollout = subprocess.run(
             [sys.executable, str(EXAMPLES / "rollout_worker.py"), "--admission", address, "--store", store,
              "--count", "8", "--encoder", "vision"], capture_output=True, text=True, timeout=120,

@@ -91,12 +91,12 @@ def start_admission(directory: Path, *, job: str, store: str, topology: dict, tr
 
 
 def start_sidecar(directory: Path, *, job: str, store: str, admission: str, dp_rank: int, cp_rank: int,
-                  slots: int = 3, generation: int = 0) -> Process:
+                  slots: int = 3, generation: int = 0, role: str = "backbone") -> Process:
     config = directory / "reorg.yaml"
     config.write_text(yaml.safe_dump({"job": job, "store": store, "server": {"metrics": {"port": -1}}}))
-    name = f"reorg-dp{dp_rank}-cp{cp_rank}-g{generation}"
+    name = f"reorg-{role.replace(':', '-')}-dp{dp_rank}-cp{cp_rank}-g{generation}"
     ready = directory / f"{name}.ready"
-    process = spawn(name, [KNITTRANS, "reorg", "serve", "--config", str(config), "--role", "backbone",
+    process = spawn(name, [KNITTRANS, "reorg", "serve", "--config", str(config), "--role", role,
                            "--dp-rank", str(dp_rank), "--cp-rank", str(cp_rank), "--admission", admission,
                            "--slots", str(slots),
                            "--ready-file", str(ready)], directory)

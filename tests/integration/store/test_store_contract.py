@@ -142,6 +142,20 @@ def test_delete_is_idempotent_and_removes_units(unit_store, prefix):
     assert (out == 7).all()
 
 
+def test_sizes_are_the_stored_byte_lengths_and_none_for_missing_or_deleted_units(unit_store, prefix):
+    arrays = {UnitKey(f"{prefix}/z{i}"): np.arange(7 * i + 1, dtype=np.float64) for i in range(4)}
+    unit_store.put_many([unit(k, a) for k, a in arrays.items()])
+    keys = list(arrays)
+    unit_store.delete_many([keys[3]])
+    unit_store.stats.reset()
+    asked = [keys[1], UnitKey(f"{prefix}/never"), keys[0], keys[3], keys[1], keys[2]]
+    expected = [arrays[keys[1]].nbytes, None, arrays[keys[0]].nbytes, None, arrays[keys[1]].nbytes,
+                arrays[keys[2]].nbytes]
+    assert unit_store.sizes(asked) == expected
+    assert unit_store.sizes([]) == []
+    assert unit_store.stats.snapshot().moved_bytes == 0  # metadata only
+
+
 def test_registered_buffers_are_read_into(unit_store, prefix):
     array = np.arange(4096, dtype=np.uint8)
     unit_store.put_many([unit(f"{prefix}/a", array)])

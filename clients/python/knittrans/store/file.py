@@ -217,6 +217,17 @@ class FileUnitStore:
     def exists(self, keys: Sequence[UnitKey]) -> list[bool]:
         return [self._path(key).exists() for key in keys]
 
+    def sizes(self, keys: Sequence[UnitKey]) -> list[int | None]:
+        return [self._size(key) for key in keys]
+
+    def _size(self, key: UnitKey) -> int | None:
+        try:
+            return os.stat(self._path(key)).st_size  # a unit file holds exactly its bytes
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _store_error(exc, key) from exc
+
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
         removed = 0
         for key in keys:

@@ -5,7 +5,7 @@
   long-lived owner process (see :mod:`knittrans.launch.mooncake`), so they outlive the writer.
 * Units are put with a hard pin, so the store never evicts acknowledged data; they leave only through
   :meth:`MooncakeUnitStore.delete_many`.
-* Every read (and every existence check of a present key) takes a lease on the unit for the master's
+* Every read (and every existence check or size query of a present key) takes a lease on the unit for the master's
   ``default_kv_lease_ttl`` (10 s by default; ``--lease-ttl-ms`` of :mod:`knittrans.launch.mooncake`),
   and the master refuses to remove a leased unit (-706). ``delete_many`` never waits for that: it removes
   what it can at once and hands leased units to a background thread of the store object, which retries
@@ -353,6 +353,19 @@ class MooncakeUnitStore:
             present = set(self._existing([key for key in keys if key not in deleted]))
         return [key in present for key in keys]
 
+    def sizes(self, keys: Sequence[UnitKey]) -> list[int | None]:
+        """One ``batch_get_replica_desc`` call (metadata only, no transfer) for all keys; like a read, it
+        leases the units it finds. A unit without a complete replica is not readable, so it counts as missing."""
+        if not keys:
+            return []
+        with self._pending_changed:
+            deleted = {key for key in keys if key in self._pending_removal}
+        wanted = list(dict.fromkeys(key for key in keys if key not in deleted))
+        with self._lock:
+            replicas = self._client.batch_get_replica_desc(wanted) if wanted else {}
+        found = {key: _replica_size(replicas.get(key, ())) for key in wanted}
+        return [found.get(key) for key in keys]
+
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
         """Remove units without waiting for read leases: a leased unit (-706) is removed in the background
         once its lease ends. Returns how many of the keys existed (and were not being removed already)."""
@@ -539,3 +552,14 @@ class MooncakeUnitStore:
     def _inside_registered(self, start: int, end: int) -> bool:
         return any(s <= start and end <= e for s, e in self._registered.items())
 
+
+def _replica_size(replicas: Sequence[Any]) -> int | None:
+    """The object size a complete replica records (memory or disk), None when no replica is complete."""
+    for replica in replicas:
+        if replica.status.name != "COMPLETE":
+            continue
+        if replica.is_memory_replica():
+            return int(replica.get_memory_descriptor().buffer_descriptor.size)
+        if replica.is_disk_replica():
+            return int(replica.get_disk_descriptor().object_size)
+    return None

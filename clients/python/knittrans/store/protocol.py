@@ -271,6 +271,12 @@ class UnitStore(Protocol):
 
     def exists(self, keys: Sequence[UnitKey]) -> list[bool]: ...
 
+    def sizes(self, keys: Sequence[UnitKey]) -> list[int | None]:
+        """Each unit's stored size in bytes, None for a missing one: a metadata query in as few backend calls
+        as the backend allows, moving no unit bytes (a reorg sidecar checks a whole mini-batch with it before
+        delivering any of it). Like ``exists``, it takes a read lease on present units where reads do."""
+        ...
+
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
         """Remove the units; returns how many existed. Missing keys are skipped. Never waits for readers'
         leases: a leased unit is removed in the background (see the module docstring)."""

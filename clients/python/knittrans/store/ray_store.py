@@ -76,6 +76,9 @@ class UnitRegistry:
     def exists(self, keys: list[str]) -> list[bool]:
         return [key in self._units for key in keys]
 
+    def sizes(self, keys: list[str]) -> list[int | None]:
+        return [self._units[key][1] if key in self._units else None for key in keys]
+
     def delete_many(self, keys: list[str]) -> int:
         return sum(1 for key in keys if self._units.pop(key, None) is not None)
 
@@ -172,6 +175,9 @@ class RayUnitStore:
 
     def exists(self, keys: Sequence[UnitKey]) -> list[bool]:
         return list(self._call("exists", list(keys))) if keys else []
+
+    def sizes(self, keys: Sequence[UnitKey]) -> list[int | None]:
+        return list(self._call("sizes", list(keys))) if keys else []
 
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
         return int(self._call("delete_many", list(dict.fromkeys(keys)))) if keys else 0

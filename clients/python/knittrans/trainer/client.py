@@ -29,10 +29,13 @@ consumer reports its optimizer step to the admission service, and global rank 0 
 after the last mini-batch of a train batch. A sidecar that stops answering raises :class:`~knittrans.errors.
 Unavailable` within ``sidecar_timeout_seconds``; the client never hangs on a dead sidecar.
 
-A mini-batch the sidecar could not read or pack (a unit lost from the store, bytes that disagree with their
-header) raises :class:`~knittrans.errors.MiniBatchFailed` from its micro-batch iterator, on every TP rank,
-naming the trajectory and the unit (``error.trajectory_id``, ``error.unit_key``); micro-batches of it that were
-already yielded must not be stepped on. The sidecar skips the rest of that mini-batch, so the training loop may
+A mini-batch some consumer cannot read (a unit lost from the store, or stored with another size than its header
+says) raises :class:`~knittrans.errors.MiniBatchFailed` from its micro-batch iterator before any micro-batch
+of it, on every TP rank of every consumer, naming the trajectory and the unit (``error.trajectory_id``,
+``error.unit_key``): the sidecars verify each mini-batch against the store and publish it only once the
+admission service's verdict says every consumer verified its part. A failure found only when reading or packing
+after that (bytes damaged behind the store's back) raises on that sidecar's TP ranks only, possibly after
+micro-batches of the mini-batch were yielded; those must not be stepped on. Either way the training loop may
 catch the error, skip the optimizer step and go on with ``mini_batches()``: the client still reports the
 mini-batch done to the admission service (its units are released once every consumer is past it, and the
 version advances after the last mini-batch of a train batch). The admission service's status lists the failure.

@@ -23,6 +23,14 @@ class ProgressStage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROGRESS_STAGE_UNSPECIFIED: _ClassVar[ProgressStage]
     PROGRESS_STAGE_DELIVERED: _ClassVar[ProgressStage]
     PROGRESS_STAGE_OPTIMIZER_STEP: _ClassVar[ProgressStage]
+    PROGRESS_STAGE_VERIFIED: _ClassVar[ProgressStage]
+
+class MiniBatchVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MINI_BATCH_VERDICT_UNSPECIFIED: _ClassVar[MiniBatchVerdict]
+    MINI_BATCH_VERDICT_PENDING: _ClassVar[MiniBatchVerdict]
+    MINI_BATCH_VERDICT_OK: _ClassVar[MiniBatchVerdict]
+    MINI_BATCH_VERDICT_FAILED: _ClassVar[MiniBatchVerdict]
 REPORT_OUTCOME_UNSPECIFIED: ReportOutcome
 REPORT_OUTCOME_ACCEPTED: ReportOutcome
 REPORT_OUTCOME_DUPLICATE: ReportOutcome
@@ -30,6 +38,11 @@ REPORT_OUTCOME_CONFLICT: ReportOutcome
 PROGRESS_STAGE_UNSPECIFIED: ProgressStage
 PROGRESS_STAGE_DELIVERED: ProgressStage
 PROGRESS_STAGE_OPTIMIZER_STEP: ProgressStage
+PROGRESS_STAGE_VERIFIED: ProgressStage
+MINI_BATCH_VERDICT_UNSPECIFIED: MiniBatchVerdict
+MINI_BATCH_VERDICT_PENDING: MiniBatchVerdict
+MINI_BATCH_VERDICT_OK: MiniBatchVerdict
+MINI_BATCH_VERDICT_FAILED: MiniBatchVerdict
 
 class ReportTrajectoriesRequest(_message.Message):
     __slots__ = ("request_id", "trajectories", "batch")
@@ -234,6 +247,24 @@ class ReportConsumerFailureResponse(_message.Message):
     RECORDED_FIELD_NUMBER: _ClassVar[int]
     recorded: bool
     def __init__(self, recorded: _Optional[bool] = ...) -> None: ...
+
+class WaitMiniBatchVerdictRequest(_message.Message):
+    __slots__ = ("sequence", "timeout_seconds")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    timeout_seconds: float
+    def __init__(self, sequence: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class WaitMiniBatchVerdictResponse(_message.Message):
+    __slots__ = ("verdict", "failure", "waiting_for")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    verdict: MiniBatchVerdict
+    failure: ConsumerFailure
+    waiting_for: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
+    def __init__(self, verdict: _Optional[_Union[MiniBatchVerdict, str]] = ..., failure: _Optional[_Union[ConsumerFailure, _Mapping]] = ..., waiting_for: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ...) -> None: ...
 
 class UnitReservation(_message.Message):
     __slots__ = ("trajectory_id", "sample_id", "multimodal_keys")

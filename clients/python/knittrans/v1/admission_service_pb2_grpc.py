@@ -86,6 +86,11 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureResponse.FromString,
                 _registered_method=True)
+        self.WaitMiniBatchVerdict = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/WaitMiniBatchVerdict',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -129,8 +134,9 @@ class AdmissionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportProgress(self, request, context):
-        """Reports a consumer's progress on one assignment: delivered (acknowledges the stream position) or
-        optimizer step done (its units may be released once every planned consumer has reported it).
+        """Reports a consumer's progress on one assignment: verified (its units are all in the store; see
+        WaitMiniBatchVerdict), delivered (acknowledges the stream position) or optimizer step done (its units may be
+        released once every planned consumer has reported it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -178,6 +184,17 @@ class AdmissionServiceServicer:
         missing from the store, or its bytes disagree with its header. The consumer skips that mini-batch (its
         trainer ranks get a typed error) and goes on with the next. Journaled; GetStatus shows it. Idempotent
         by (consumer, sequence): a repeated report changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitMiniBatchVerdict(self, request, context):
+        """The verdict on one admitted mini-batch, waiting up to `timeout_seconds` for it: OK once every planned
+        consumer (backbone and encoder) reported it VERIFIED (ReportProgress), FAILED with the first failure as soon
+        as a consumer reported one (ReportConsumerFailure) before that. A verdict never changes once given. Every
+        sidecar waits for it before publishing the mini-batch, so either every trainer rank computes on the whole
+        mini-batch or every one gets the failure. PENDING when the timeout passed first: call again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,6 +252,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.ReportConsumerFailure,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureResponse.SerializeToString,
+            ),
+            'WaitMiniBatchVerdict': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitMiniBatchVerdict,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -509,6 +531,33 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/ReportConsumerFailure',
             knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.ReportConsumerFailureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitMiniBatchVerdict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/WaitMiniBatchVerdict',
+            knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.FromString,
             options,
             channel_credentials,
             insecure,

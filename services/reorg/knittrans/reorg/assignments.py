@@ -2,14 +2,18 @@
 
 An :class:`AssignmentSource` registers the consumer, then yields its assignments in sequence order and takes
 acknowledgements (``acknowledge(s)``: everything up to ``s`` is delivered, so a restarted sidecar resumes
-after it) and failures (``report_failure``: a mini-batch the sidecar could not read or pack). Two
+after it), verifications (``report_verified``: every unit of this consumer's part is in the store) and failures
+(``report_failure``: a mini-batch the sidecar could not read or pack), and gives the verdict on a mini-batch
+(``wait_verdict``: whether every consumer may deliver it, or the failure that stops them all). Two
 implementations:
 
 - :class:`AdmissionAssignmentSource`: the admission service over gRPC (``RegisterConsumer``, then
   ``WatchAssignments`` from the acknowledged sequence, reconnecting with back-off and resuming with no gap and
-  no repeat; ``ReportProgress(DELIVERED)`` for acknowledgements, ``ReportConsumerFailure`` for failures);
+  no repeat; ``ReportProgress(DELIVERED)`` for acknowledgements, ``ReportProgress(VERIFIED)`` for
+  verifications, ``ReportConsumerFailure`` for failures, ``WaitMiniBatchVerdict`` for verdicts);
 - :class:`PlannedAssignmentSource`: plans computed in-process (embedded single-process use, benchmarks); it
-  ends after its last plan and keeps the failures it was told about.
+  ends after its last plan and keeps the failures it was told about. It judges each mini-batch by its own
+  consumer's reports only: in-process sources of several consumers share no verdict.
 """
 
 from __future__ import annotations
@@ -163,6 +167,18 @@ class FailureReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Whether the consumers may deliver a mini-batch: ``failure`` (the first failure any consumer reported
+    before every consumer had verified it) is None when they may."""
+
+    failure: MiniBatchFailure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Registration:
     topology: Topology
     acknowledged_sequence: int
@@ -179,6 +195,10 @@ class AssignmentSource(Protocol):
     async def acknowledge(self, sequence: int) -> None: ...
 
     async def report_failure(self, report: FailureReport) -> None: ...
+
+    async def report_verified(self, sequence: int) -> None: ...
+
+    async def wait_verdict(self, sequence: int) -> Verdict: ...
 
     async def close(self) -> None: ...
 
@@ -213,6 +233,7 @@ class PlannedAssignmentSource:
         self._job = job
         self.acknowledged = acknowledged_sequence
         self.failures: list[FailureReport] = []
+        self.verified: list[int] = []
 
     async def register(self) -> Registration:
         return Registration(topology=self._topology, acknowledged_sequence=self.acknowledged, job=self._job)
@@ -238,6 +259,13 @@ class PlannedAssignmentSource:
     async def report_failure(self, report: FailureReport) -> None:
         self.failures.append(report)
 
+    async def report_verified(self, sequence: int) -> None:
+        self.verified.append(sequence)
+
+    async def wait_verdict(self, sequence: int) -> Verdict:
+        failure = next((r.failure for r in self.failures if r.sequence == sequence), None)
+        return Verdict(failure=failure)
+
     async def close(self) -> None:
         return None
 
@@ -251,6 +279,7 @@ class WatchSettings:
     initial_backoff: timedelta = timedelta(milliseconds=50)
     max_backoff: timedelta = timedelta(seconds=2)
     give_up_after: timedelta | None = None  # None: reconnect forever (the service may be restarting)
+    verdict_poll: timedelta = timedelta(seconds=5)  # how long one WaitMiniBatchVerdict call waits server-side
 
 
 @dataclass
@@ -298,11 +327,12 @@ class AdmissionAssignmentSource:
     def consumer(self) -> ConsumerId:
         return self._consumer
 
-    async def _unary(self, rpc, request):
+    async def _unary(self, rpc, request, *, extra_seconds: float = 0.0):
         backoff = _Backoff(self._settings)
         while True:
             try:
-                return await rpc(request, timeout=self._settings.deadline.total_seconds(), metadata=self._metadata)
+                return await rpc(request, timeout=self._settings.deadline.total_seconds() + extra_seconds,
+                                 metadata=self._metadata)
             except aio.AioRpcError as error:
                 if not _retryable(error):
                     raise error_from_rpc(error) from None
@@ -393,8 +423,49 @@ class AdmissionAssignmentSource:
             ),
         )
 
+    async def report_verified(self, sequence: int) -> None:
+        await self._unary(
+            self._stub.ReportProgress,
+            admission_service_pb2.ReportProgressRequest(
+                request_id=f"verified/{self._consumer}/{sequence}",
+                consumer=consumer_to_proto(self._consumer),
+                sequence=sequence,
+                stage=admission_service_pb2.PROGRESS_STAGE_VERIFIED,
+            ),
+        )
+
+    async def wait_verdict(self, sequence: int) -> Verdict:
+        """Long-polls until the service has the verdict; waits for as long as some consumer has not verified."""
+        poll = self._settings.verdict_poll.total_seconds()
+        request = admission_service_pb2.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=poll)
+        polls = 0
+        while True:
+            polls += 1
+            response = await self._unary(self._stub.WaitMiniBatchVerdict, request, extra_seconds=poll)
+            if response.verdict == admission_service_pb2.MINI_BATCH_VERDICT_OK:
+                return Verdict()
+            if response.verdict == admission_service_pb2.MINI_BATCH_VERDICT_FAILED:
+                return Verdict(failure=_failure_from_proto(response.failure))
+            if response.verdict != admission_service_pb2.MINI_BATCH_VERDICT_PENDING:
+                raise KnitTransError(f"unknown verdict {response.verdict} on mini-batch {sequence}",
+                                     field="verdict")
+            if polls % 6 == 0:  # about every 30 s with the default poll
+                waiting = ", ".join(f"{c.role} dp {c.dp_rank} cp {c.cp_rank}" for c in response.waiting_for)
+                logger.warning("%s: mini-batch %d still waits for its verdict after %.0fs: not verified yet by %s "
+                               "(is every planned consumer's sidecar running?)", self._consumer, sequence,
+                               polls * poll, waiting or "?")
+
     async def close(self) -> None:
         await self._channel.close()
+
+
+def _failure_from_proto(failure: admission_service_pb2.ConsumerFailure) -> MiniBatchFailure:
+    """The failure a consumer reported, for every consumer's trainer ranks: the reason says whose it was."""
+    consumer = failure.consumer
+    origin = f"{consumer.role} dp {consumer.dp_rank} cp {consumer.cp_rank}"
+    reason = f"consumer {origin}, micro-batch {failure.microbatch_index}: {failure.reason or 'failed'}"
+    return MiniBatchFailure(trajectory_id=failure.trajectory_id, unit_key=failure.unit_key,
+                            reason=reason if len(reason) <= 1024 else reason[:1021] + "...")
 
 
 def _event_from_proto(
@@ -426,5 +497,6 @@ __all__ = [
     "FailureReport",
     "PlannedAssignmentSource",
     "Registration",
+    "Verdict",
     "WatchSettings",
 ]

@@ -40,6 +40,11 @@ class ReorgMetrics:
             "knittrans_reorg_microbatches_published", "Micro-batches published into the ring.", ["role"],
             registry=registry,
         ).labels(role=role)
+        self.verdict_wait_seconds = Histogram(
+            "knittrans_reorg_verdict_wait_seconds",
+            "How long publishing a mini-batch waited for its verification and the admission service's verdict.",
+            ["role"], buckets=_SECONDS_BUCKETS, registry=registry,
+        ).labels(role=role)
         self.failed_minibatches = Counter(
             "knittrans_reorg_failed_minibatches",
             "Mini-batches this sidecar could not read or pack (it published a failure and skipped them).", ["role"],

@@ -9,12 +9,24 @@ An assignment is acknowledged to its source once every TP rank has released all 
 they are published: a sidecar that dies with published but unconsumed micro-batches resumes from that
 assignment after a restart, and the trainer client skips what it already consumed (by sequence and index).
 
-A micro-batch that cannot be read or packed (a unit missing from the store, bytes that disagree with their
-header, data the packer cannot lay out) never stops the sidecar, which would only fail the same way again after
-a restart. The sidecar publishes a *failure* in its place, naming the trajectory and the unit (every TP rank
-gets it, and the trainer client raises :class:`~knittrans.errors.MiniBatchFailed` for the mini-batch), reports it
-to the assignment source (the admission service journals it and shows it in its status), skips the rest of
-that mini-batch and goes on with the next one. Transient store errors are retried first (``read_retry_seconds``).
+Every planned consumer sees a mini-batch whole or not at all (DESIGN.md §9). As soon as an assignment arrives,
+the sidecar verifies its part against the store (every unit present, with the size its header says: one
+metadata query, :mod:`knittrans.reorg.verification`) and reports the outcome to the assignment source: verified,
+or a failure naming the trajectory and the unit. It then waits for the source's verdict on the mini-batch (the
+admission service gives it once every consumer, encoders included, verified it, or as soon as one reported a
+failure). Only the publication of the mini-batch's first micro-batch waits for the verdict: assignments keep
+arriving and being verified while earlier mini-batches are read, published and consumed, and verifying needs
+no trainer to consume anything, so sidecars waiting on each other's verdicts cannot deadlock. On a FAILED
+verdict the sidecar publishes a *failure* instead of any micro-batch of the mini-batch (every TP rank of every
+consumer gets it, and the trainer client raises :class:`~knittrans.errors.MiniBatchFailed` naming the trajectory
+and the unit) and goes on with the next mini-batch.
+
+A micro-batch that still cannot be read or packed after a good verdict (bytes damaged with their length kept,
+data the packer cannot lay out) never stops the sidecar either, which would only fail the same way again after
+a restart: it publishes the failure in that micro-batch's place (only its own TP ranks get it, possibly after
+earlier micro-batches of the mini-batch), reports it to the assignment source (the admission service journals
+it and shows it in its status), skips the rest of that mini-batch and goes on with the next one. Transient
+store errors are retried first (``read_retry_seconds``).
 """
 
 from __future__ import annotations
@@ -31,12 +43,13 @@ from dataclasses import dataclass
 
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.plan import EncoderMicroBatchAssignment, MicroBatchAssignment
-from knittrans.reorg.assignments import AssignmentEvent, AssignmentSource, FailureReport, Registration
-from knittrans.reorg.failures import blame_by_probing
+from knittrans.reorg.assignments import AssignmentEvent, AssignmentSource, FailureReport, Registration, Verdict
+from knittrans.reorg.failures import blame, blame_by_probing
 from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.packing import PackLayout, PackSettings, backbone_layout, encoder_layout, fill_backbone
 from knittrans.reorg.reader import MicroBatchReader, ReadOutcome
 from knittrans.reorg.ring import SharedMemoryRing, SlotLease
+from knittrans.reorg.verification import verify_part
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MicroBatchDescriptor, MiniBatchFailure
 from knittrans.types import ConsumerId
@@ -127,7 +140,12 @@ class Sidecar:
         self._pack = pack
         self._metrics = metrics
         self._reader = MicroBatchReader(store, retry_seconds=read_retry_seconds)
+        self._read_retry_seconds = read_retry_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reorg-read-{consumer}")
+        # Verifying runs on a thread of its own, so a mini-batch's check never queues behind the reads of the one
+        # before it.
+        self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"reorg-verify-{consumer}")
+        self._judging: set[asyncio.Task] = set()
         self._tracker = DeliveryTracker()
         self._acks: asyncio.Queue[int] = asyncio.Queue()
         self._contexts: OrderedDict[int, AssignmentEvent] = OrderedDict()
@@ -154,20 +172,73 @@ class Sidecar:
     async def run(self) -> None:
         """Consume the source until it ends (then let the trainers drain the ring) or the task is cancelled."""
         acks = asyncio.create_task(self._acknowledge_in_order(), name=f"acks-{self.consumer}")
+        arrived: asyncio.Queue[tuple[AssignmentEvent, asyncio.Task[Verdict]] | Exception | None] = asyncio.Queue()
+        intake = asyncio.create_task(self._take_assignments(arrived), name=f"intake-{self.consumer}")
         try:
-            async for event in self._source:
+            while (item := await arrived.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
                 if acks.done():
                     acks.result()  # acknowledging failed: stop rather than run ahead of the source
-                await self._deliver(event)
+                await self._deliver(*item)
             await self.ring.finish()
             logger.info("%s: assignment source ended after %d micro-batches", self.consumer, self.ring.published)
             await acks  # finishes once the trainers released everything and the last ack went out
         finally:
             acks.cancel()
+            intake.cancel()
+            for task in list(self._judging):
+                task.cancel()
 
-    async def _deliver(self, event: AssignmentEvent) -> None:
-        if event.consumer != self.consumer:
-            raise FailedPrecondition(f"received {event.consumer}'s assignment", field="consumer")
+    async def _take_assignments(
+        self, arrived: asyncio.Queue[tuple[AssignmentEvent, asyncio.Task[Verdict]] | Exception | None]
+    ) -> None:
+        """Take every assignment as it arrives and start judging it at once, however far delivery lags behind:
+        a verdict then never waits on this sidecar's trainers (the queue is bounded by what the admission
+        service admits ahead)."""
+        try:
+            async for event in self._source:
+                if event.consumer != self.consumer:
+                    raise FailedPrecondition(f"received {event.consumer}'s assignment", field="consumer")
+                judging = asyncio.create_task(self._judge(event), name=f"judge-{self.consumer}-{event.sequence}")
+                self._judging.add(judging)
+                judging.add_done_callback(self._judging.discard)
+                arrived.put_nowait((event, judging))
+            arrived.put_nowait(None)
+        except Exception as error:  # the delivery loop raises it, after delivering what arrived before it
+            arrived.put_nowait(error)
+
+    async def _judge(self, event: AssignmentEvent) -> Verdict:
+        """Verify this consumer's part of the mini-batch, report the outcome, and wait for the verdict."""
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.run_in_executor(
+                self._verifier, functools.partial(verify_part, event, self._store,
+                                                  retry_seconds=self._read_retry_seconds))
+        except Exception as error:  # the store could not answer, even after retries: the mini-batch fails
+            failure, position = blame(None, error), 0
+        else:
+            failure, position = (None, 0) if found is None else (found.failure, found.microbatch_index)
+        if failure is None:
+            await self._source.report_verified(event.sequence)
+        else:
+            admission = event.admission
+            logger.error("%s: mini-batch %d (train batch %d, mini-batch %d) fails verification at micro-batch %d: "
+                         "trajectory %r, unit %r: %s", self.consumer, event.sequence, admission.train_batch_index,
+                         admission.minibatch_index, position, failure.trajectory_id, failure.unit_key,
+                         failure.reason)
+            self._metrics.failed_minibatches.inc()
+            if not await self._report(FailureReport(sequence=event.sequence, admission=admission,
+                                                    microbatch_index=position, failure=failure)):
+                return Verdict(failure=failure)  # no verdict will count it: at least this consumer's ranks know
+        verdict = await self._source.wait_verdict(event.sequence)
+        if verdict.ok and failure is not None:  # a previous incarnation of this sidecar verified it
+            logger.error("%s: mini-batch %d was judged OK before this failure; failing it on this consumer only",
+                         self.consumer, event.sequence)
+            return Verdict(failure=failure)
+        return verdict
+
+    async def _deliver(self, event: AssignmentEvent, judging: asyncio.Task[Verdict]) -> None:
         assigned_at = event.received_at or time.time()
         self._contexts[event.sequence] = event
         while len(self._contexts) > self._retained:
@@ -178,6 +249,16 @@ class Sidecar:
         count = max(event.num_units, 1)
         for sequence in self._tracker.expect(event.sequence, count):
             self._acks.put_nowait(sequence)
+        waiting_since = time.perf_counter()
+        verdict = await judging
+        self._metrics.verdict_wait_seconds.observe(time.perf_counter() - waiting_since)
+        if verdict.failure is not None:
+            admission = event.admission
+            logger.error("%s: skipping mini-batch %d (train batch %d, mini-batch %d): trajectory %r, unit %r: %s",
+                         self.consumer, event.sequence, admission.train_batch_index, admission.minibatch_index,
+                         verdict.failure.trajectory_id, verdict.failure.unit_key, verdict.failure.reason)
+            await self._publish_failure(event, 0, count, verdict.failure)
+            return
         loop = asyncio.get_running_loop()
         for position in range(count):
             # Decoding and layout run on the reader thread too, keeping the event loop free for the trainers.
@@ -222,6 +303,13 @@ class Sidecar:
                      admission.train_batch_index, admission.minibatch_index, position, failure.trajectory_id,
                      failure.unit_key, failure.reason, exc_info=not isinstance(error, KnitTransError))
         self._metrics.failed_minibatches.inc()
+        await self._publish_failure(event, position, count, failure)
+        await self._report(FailureReport(sequence=event.sequence, admission=admission, microbatch_index=position,
+                                         failure=failure))
+
+    async def _publish_failure(self, event: AssignmentEvent, position: int, count: int,
+                               failure: MiniBatchFailure) -> None:
+        """Publish ``failure`` as micro-batch ``position`` of the mini-batch, its last: the rest is left out."""
         for sequence in self._tracker.cut_short(event.sequence, count - position - 1):
             self._acks.put_nowait(sequence)
         lease = await self.ring.acquire(1)
@@ -233,13 +321,15 @@ class Sidecar:
         )
         await self.ring.publish(lease, build)
         self._metrics.slots_occupied.set(self.ring.occupied)
-        report = FailureReport(sequence=event.sequence, admission=admission, microbatch_index=position,
-                               failure=failure)
+
+    async def _report(self, report: FailureReport) -> bool:
         try:
             await self._source.report_failure(report)
-        except KnitTransError as report_error:  # the trainers know already; the record is what is lost
-            logger.error("%s: could not report the failure of mini-batch %d: %s", self.consumer, event.sequence,
+        except KnitTransError as report_error:  # the trainers learn it anyway; the record is what is lost
+            logger.error("%s: could not report the failure of mini-batch %d: %s", self.consumer, report.sequence,
                          report_error)
+            return False
+        return True
 
     def _plan_unit(
         self, event: AssignmentEvent, position: int, encoder: bool
@@ -350,5 +440,6 @@ class Sidecar:
             logger.debug("%s: acknowledged sequence %d", self.consumer, sequence)
 
     async def close(self) -> None:
+        self._verifier.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._reader.close()

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries, decide
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
@@ -78,6 +79,15 @@ def all_consumers(topology: Topology) -> tuple[ConsumerId, ...]:
     return tuple(consumers)
 
 
+class Verdict(StrEnum):
+    """Whether an admitted mini-batch may be delivered: decided once, by whichever comes first in the journal,
+    every planned consumer's VERIFIED (OK) or a consumer's failure (FAILED), and never changed afterwards."""
+
+    PENDING = "pending"
+    OK = "ok"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LedgerSettings:
     engine: EngineConfig
@@ -96,6 +106,8 @@ class MiniBatch:
     trajectory_ids: tuple[TrajectoryId, ...]
     owed_steps: set[ConsumerId]
     dispatch: MiniBatchDispatch | None = None  # its plan, derived from the metadata on demand; never journaled
+    verified: set[ConsumerId] = field(default_factory=set)  # consumers that verified it, while PENDING
+    verdict: Verdict = Verdict.PENDING
 
     @property
     def released(self) -> bool:
@@ -179,6 +191,7 @@ class Applied:
     version_changed: bool = False
     failure: admission_service_pb2.ConsumerFailure | None = None  # a consumer failure newly recorded
     failed_minibatch: bool = False  # ... and it is the first failure of its mini-batch
+    decided: int | None = None  # the sequence whose verdict this record decided
 
 
 class AdmissionLedger:
@@ -218,6 +231,8 @@ class AdmissionLedger:
         self.failure_keys: set[tuple[ConsumerId, int]] = set()
         self.failed_sequences: set[int] = set()
         self.recent_failures: deque[admission_service_pb2.ConsumerFailure] = deque(maxlen=RECENT_FAILURES)
+        # Sequence -> the failure that decided its verdict FAILED (kept, like failed_sequences: failures are rare).
+        self.failed_verdicts: dict[int, admission_service_pb2.ConsumerFailure] = {}
 
     # -- checking inputs (no mutation) -----------------------------------------------------------------
 
@@ -609,6 +624,8 @@ class AdmissionLedger:
         consumer = ConsumerId(
             role=progress.consumer.role, dp_rank=progress.consumer.dp_rank, cp_rank=progress.consumer.cp_rank
         )
+        if progress.stage == admission_service_pb2.PROGRESS_STAGE_VERIFIED:
+            return self._verified(consumer, progress.sequence)  # before delivery: the position does not move
         if progress.sequence > self.acknowledged[consumer]:
             # An optimizer step implies delivery, whichever report arrives first.
             self.acknowledged[consumer] = progress.sequence
@@ -626,6 +643,17 @@ class AdmissionLedger:
         minibatch.dispatch = None
         self._forget_finished()
         return Applied(released=minibatch, freed_keys=freed)
+
+    def _verified(self, consumer: ConsumerId, sequence: int) -> Applied:
+        minibatch = self.minibatches.get(sequence)
+        if minibatch is None or minibatch.verdict is not Verdict.PENDING or consumer in minibatch.verified:
+            return Applied()
+        minibatch.verified.add(consumer)
+        if len(minibatch.verified) < len(self.consumers):
+            return Applied()
+        minibatch.verdict = Verdict.OK
+        minibatch.verified = set()
+        return Applied(decided=sequence)
 
     def _apply_reserved(self, record: journal_pb2.JournalRecord) -> Applied:
         for reservation in record.reserved.reservations:
@@ -663,7 +691,16 @@ class AdmissionLedger:
         kept = admission_service_pb2.ConsumerFailure()
         kept.CopyFrom(failure)
         self.recent_failures.append(kept)
-        return Applied(failure=kept, failed_minibatch=first)
+        decided = None
+        minibatch = self.minibatches.get(failure.sequence)
+        # A failure after an OK verdict (bytes damaged after verification) stays the failing consumer's own: the
+        # others may already be delivering the mini-batch.
+        if minibatch is not None and minibatch.verdict is Verdict.PENDING:
+            minibatch.verdict = Verdict.FAILED
+            minibatch.verified = set()
+            self.failed_verdicts[failure.sequence] = kept
+            decided = failure.sequence
+        return Applied(failure=kept, failed_minibatch=first, decided=decided)
 
     def _apply_deleted(self, record: journal_pb2.JournalRecord) -> Applied:
         for key in record.deleted.keys:
@@ -747,6 +784,30 @@ class AdmissionLedger:
             global_loss_tokens=dispatch.minibatch_loss_tokens,
             assignment=dispatch.assignment_fields(consumer),
         )
+
+    def awaits_verification(self, consumer: ConsumerId, sequence: int) -> bool:
+        """Whether ``consumer``'s VERIFIED of ``sequence`` would change anything (otherwise it is not journaled)."""
+        minibatch = self.minibatches.get(sequence)
+        return minibatch is not None and minibatch.verdict is Verdict.PENDING and consumer not in minibatch.verified
+
+    def unverified(self, sequence: int) -> list[ConsumerId]:
+        """The planned consumers that have not verified a PENDING mini-batch yet (empty once it is decided)."""
+        minibatch = self.minibatches.get(sequence)
+        if minibatch is None or minibatch.verdict is not Verdict.PENDING:
+            return []
+        return [consumer for consumer in self.consumers if consumer not in minibatch.verified]
+
+    def verdict(self, sequence: int) -> tuple[Verdict, admission_service_pb2.ConsumerFailure | None]:
+        """The verdict on admitted mini-batch ``sequence``, with the failure that decided a FAILED one."""
+        if not 1 <= sequence < self.next_sequence:
+            raise InvalidArgument(f"no assignment {sequence} (last is {self.next_sequence - 1})", field="sequence")
+        failure = self.failed_verdicts.get(sequence)
+        if failure is not None:
+            return Verdict.FAILED, failure
+        minibatch = self.minibatches.get(sequence)
+        if minibatch is None:  # forgotten: every consumer stepped past it, so it was delivered
+            return Verdict.OK, None
+        return minibatch.verdict, None
 
     def pending_after(self, after: int) -> list[MiniBatch]:
         """The mini-batches with sequence above ``after``, in order (every consumer gets every one)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -22,6 +23,7 @@ from knittrans.admission.service.ledger import (
     Applied,
     Classified,
     MiniBatch,
+    Verdict,
     blocking_to_proto,
     failure_consumer,
 )
@@ -30,11 +32,14 @@ from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
-from knittrans.wire import consumer_from_proto, topology_to_proto, within
+from knittrans.wire import consumer_from_proto, consumer_to_proto, topology_to_proto, within
 
 logger = logging.getLogger(__name__)
 
-_STAGES = (pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
+_STAGES = (pb.PROGRESS_STAGE_VERIFIED, pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
+_VERDICTS = {Verdict.PENDING: pb.MINI_BATCH_VERDICT_PENDING, Verdict.OK: pb.MINI_BATCH_VERDICT_OK,
+             Verdict.FAILED: pb.MINI_BATCH_VERDICT_FAILED}
+MAX_VERDICT_WAIT = 60.0  # seconds one WaitMiniBatchVerdict call may wait
 MAX_FAILURE_REASON = 1024  # characters
 YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
 _OUTCOME_NAMES = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
@@ -80,6 +85,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._clock = clock
         self._lock = asyncio.Lock()
         self._published = asyncio.Condition()
+        self._verdicts = asyncio.Condition()  # notified when a mini-batch's verdict is decided
         self._deletions: asyncio.Queue[str] = asyncio.Queue()
         # Keys whose deletion from the store is under way, and an event set when that deletion has ended.
         self._deleting: frozenset[str] = frozenset()
@@ -125,6 +131,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         await asyncio.gather(*self._background, return_exceptions=True)
         async with self._published:
             self._published.notify_all()
+        async with self._verdicts:
+            self._verdicts.notify_all()
 
     # -- the commit path -------------------------------------------------------------------------------
 
@@ -177,6 +185,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             self._deletions.put_nowait(key)
         if applied.version_changed:
             metrics.policy_version.set(self._ledger.version)
+        if applied.decided is not None:
+            async with self._verdicts:
+                self._verdicts.notify_all()
         if applied.failure is not None:
             failure = applied.failure
             if applied.failed_minibatch:
@@ -312,12 +323,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         consumer = _consumer(request.consumer, "consumer")
         self._ledger.check_consumer(consumer)
         if request.stage not in _STAGES:
-            raise InvalidArgument("must be DELIVERED or OPTIMIZER_STEP", field="stage")
+            raise InvalidArgument("must be VERIFIED, DELIVERED or OPTIMIZER_STEP", field="stage")
         if not 1 <= request.sequence < self._ledger.next_sequence:
             raise InvalidArgument(
                 f"no assignment {request.sequence} (last is {self._ledger.next_sequence - 1})", field="sequence"
             )
         async with self._lock:
+            if request.stage == pb.PROGRESS_STAGE_VERIFIED and not self._ledger.awaits_verification(
+                    consumer, request.sequence):
+                return pb.ReportProgressResponse(released=False)  # a repeat, or the verdict is in: nothing to journal
             applied = await self._commit(journal_pb2.JournalRecord(at=self._clock(), progress=request))
         if applied.released is not None:
             logger.info("released mini-batch %d (%d units freed)", applied.released.sequence, len(applied.freed_keys))
@@ -346,6 +360,24 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 record.consumer_failure.failure.minibatch_index = minibatch.admission.minibatch_index
             await self._commit(record)
         return pb.ReportConsumerFailureResponse(recorded=True)
+
+    async def WaitMiniBatchVerdict(self, request: pb.WaitMiniBatchVerdictRequest, context: aio.ServicerContext):
+        timeout = request.timeout_seconds
+        if not (math.isfinite(timeout) and 0 <= timeout <= MAX_VERDICT_WAIT):
+            raise InvalidArgument(f"must be between 0 and {MAX_VERDICT_WAIT:g} seconds", field="timeout_seconds")
+        sequence = request.sequence
+        verdict, failure = self._ledger.verdict(sequence)
+        if verdict is Verdict.PENDING and timeout > 0:
+            async with self._verdicts:
+                try:
+                    await asyncio.wait_for(self._verdicts.wait_for(
+                        lambda: self._closed or self._ledger.verdict(sequence)[0] is not Verdict.PENDING), timeout)
+                except TimeoutError:
+                    pass
+            verdict, failure = self._ledger.verdict(sequence)
+        waiting_for = [consumer_to_proto(c) for c in self._ledger.unverified(sequence)] \
+            if verdict is Verdict.PENDING else []
+        return pb.WaitMiniBatchVerdictResponse(verdict=_VERDICTS[verdict], failure=failure, waiting_for=waiting_for)
 
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
         async with self._lock:
