@@ -44,7 +44,10 @@ def quickstart_paths() -> Iterator[None]:
     with open("/tmp/knittrans-quickstart-test.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         shutil.rmtree(QUICKSTART_STORE, ignore_errors=True)  # what an earlier, killed run may have left
-        yield
+        try:
+            yield
+        finally:
+            shutil.rmtree(QUICKSTART_STORE, ignore_errors=True)
 
 
 def unit_files(root: Path) -> list[Path]:
