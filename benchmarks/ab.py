@@ -40,9 +40,15 @@ def run_arm(tree: Path, benchmark: str, arguments: Sequence[str]) -> dict[str, A
 
 
 def numeric_leaves(document: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every number in a JSON document, named by its path; a list item is named by its index and its string
+    fields (``modes[0 state=memory].ingest[1 form=batch].reports_per_second``), so arms line up by meaning."""
     if isinstance(document, dict):
         for key, value in document.items():
             yield from numeric_leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(document, list):
+        for index, item in enumerate(document):
+            labels = [f"{k}={v}" for k, v in item.items() if isinstance(v, str)] if isinstance(item, dict) else []
+            yield from numeric_leaves(item, f"{prefix}[{' '.join([str(index), *labels])}]")
     elif isinstance(document, (int, float)) and not isinstance(document, bool):
         yield prefix, float(document)
 
