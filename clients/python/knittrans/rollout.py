@@ -248,7 +248,10 @@ class RolloutClient:
             logger.info("removed %d units of %d rejected trajectories", len(keys), len(metas))
         reserved = [meta.trajectory_id for meta in metas if meta.multimodal]
         if reserved and self._reserver is not None:
-            self._reserver.cancel_reservations(reserved)
+            try:
+                self._reserver.cancel_reservations(reserved)
+            except Exception:  # the rejection is what the caller sees; a held reservation only delays a delete
+                logger.exception("could not cancel the reservations of %d rejected trajectories", len(reserved))
 
     # -- splitting ----------------------------------------------------------------------------------
 

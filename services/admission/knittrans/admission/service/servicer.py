@@ -91,6 +91,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._deleting: frozenset[str] = frozenset()
         self._deletion_ended = asyncio.Event()
         self._deletion_ended.set()
+        self._deletions_done = asyncio.Condition()  # notified whenever deleted units were journaled
         self._background: list[asyncio.Task] = []
         self._wake_handle: asyncio.TimerHandle | None = None
         self._last_admission_at: float | None = None
@@ -416,11 +417,17 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def CancelReservations(self, request: pb.CancelReservationsRequest, context: aio.ServicerContext):
         if len(request.trajectory_ids) > self._ledger.settings.max_report_batch:
             raise InvalidArgument("too many trajectory ids in one request", field="trajectory_ids")
+        freed: tuple[str, ...] = ()
         async with self._lock:
             held = [t for t in request.trajectory_ids if self._ledger.index.reservation(TrajectoryId(t)) is not None]
             if held:
                 cancelled = pb.CancelReservationsRequest(request_id=request.request_id, trajectory_ids=held)
-                await self._commit(journal_pb2.JournalRecord(at=self._clock(), reservations_cancelled=cancelled))
+                record = journal_pb2.JournalRecord(at=self._clock(), reservations_cancelled=cancelled)
+                freed = (await self._commit(record)).freed_keys
+        # A failed submit leaves nothing behind: answer once the units nobody references any more are deleted.
+        pending = self._ledger.pending_deletes
+        async with self._deletions_done:
+            await self._deletions_done.wait_for(lambda: all(key not in pending for key in freed))
         return pb.CancelReservationsResponse(cancelled=len(held))
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: aio.ServicerContext):
@@ -483,6 +490,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                     deleted = journal_pb2.UnitsDeleted(keys=keys)
                     await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
                 self._metrics.released_units.inc(len(keys))
+                async with self._deletions_done:
+                    self._deletions_done.notify_all()
             finally:
                 self._deleting = frozenset()
                 self._deletion_ended.set()
