@@ -77,6 +77,10 @@ class Backoff:
         self._delays = self.policy.delays()
         self._since = None
 
+    def failing_for(self) -> float:
+        """Seconds since the deadline's count began (0 before the first failure)."""
+        return 0.0 if self._since is None else self._clock() - self._since
+
     def next_delay(self) -> float | None:
         now = self._clock()
         if self._since is None:
