@@ -112,18 +112,24 @@ def retry_call(
     *,
     policy: RetryPolicy,
     retryable: Callable[[BaseException], bool],
+    on_retry: Callable[[BaseException], None] = lambda error: None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """``attempt()``, again after each retryable failure until the policy's deadline (counted from the first
-    attempt); the last failure propagates."""
+    attempt); the last failure propagates. ``on_retry`` hears of each failure that will be retried."""
     backoff = Backoff(policy, clock=clock)
     while True:
         try:
             return attempt()
         except Exception as error:
-            if not retryable(error) or not backoff.sleep(sleep):
+            if not retryable(error):
                 raise
+            delay = backoff.next_delay()
+            if delay is None:
+                raise
+            on_retry(error)
+            sleep(delay)
 
 
 async def retry_call_async(

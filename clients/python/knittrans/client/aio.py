@@ -1,7 +1,8 @@
 """`AsyncAdmissionClient`: the admission service's calls on grpc.aio, typed and deadline-bound.
 
-The one admission client: the sync :class:`~knittrans.client.admission.AdmissionClient` runs it on an event
-loop of its own, and the reorg sidecars use it directly. Status codes come back as the same
+The one admission client: the reorg sidecars use it directly, and the sync
+:class:`~knittrans.client.admission.AdmissionClient` runs its coroutines on a blocking transport (see
+:mod:`knittrans.client.transport`). Status codes come back as the same
 :class:`~knittrans.errors.KnitTransError` classes the service raised. Every unary call here is idempotent
 (reports are keyed by trajectory id, the others by request id or monotonic by nature), so each is retried
 under the client's :class:`~knittrans.retry.RetryPolicy` while it fails with one of ``retry_codes``.
@@ -9,14 +10,12 @@ under the client's :class:`~knittrans.retry.RetryPolicy` while it fails with one
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 
 import grpc
-from grpc import aio
 
-from knittrans.client.connection import UNARY_RETRY, ConnectionSettings, error_from_rpc, open_aio_channel
+from knittrans.client.connection import UNARY_RETRY, ConnectionSettings, error_from_rpc
 from knittrans.client.model import (
     DEFAULT_DEADLINE,
     AdmissionStatus,
@@ -37,19 +36,19 @@ from knittrans.client.model import (
     status_from_proto,
     verdict_from_proto,
 )
-from knittrans.retry import RetryPolicy, retry_call_async
+from knittrans.client.transport import AioTransport, Transport
+from knittrans.retry import RetryPolicy
 from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta, UnitReservation
 from knittrans.v1 import admission_service_pb2 as pb
-from knittrans.v1 import admission_service_pb2_grpc, trajectory_pb2
+from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_to_proto
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 class AsyncAdmissionClient:
-    """Open it inside the event loop that will use it (a grpc.aio channel belongs to one loop)."""
+    """Open it inside the event loop that will use it (a grpc.aio channel belongs to one loop). ``transport``
+    replaces the grpc.aio channel (the sync client passes a blocking one)."""
 
     def __init__(
         self,
@@ -58,17 +57,14 @@ class AsyncAdmissionClient:
         deadline: timedelta = DEFAULT_DEADLINE,
         retry: RetryPolicy = UNARY_RETRY,
         retry_codes: frozenset[grpc.StatusCode] = DEFAULT_RETRY_CODES,
+        transport: Callable[[ConnectionSettings, RetryPolicy, frozenset[grpc.StatusCode]], Transport] = AioTransport,
     ) -> None:
         self.connection = ConnectionSettings(target=connection) if isinstance(connection, str) else connection
         self._deadline = deadline
-        self._retry = retry
-        self._retry_codes = retry_codes
-        self._metadata = self.connection.call_metadata()
-        self._channel = open_aio_channel(self.connection)
-        self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
+        self._transport = transport(self.connection, retry, retry_codes)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._transport.close()
 
     async def __aenter__(self) -> AsyncAdmissionClient:
         return self
@@ -76,24 +72,11 @@ class AsyncAdmissionClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _retryable(self, error: BaseException) -> bool:
-        return isinstance(error, aio.AioRpcError) and error.code() in self._retry_codes
-
-    @staticmethod
-    def _log_retry(error: BaseException) -> None:
-        code = error.code().name if isinstance(error, aio.AioRpcError) else type(error).__name__
-        logger.info("admission service call failed (%s), retrying", code)
-
-    async def _idempotent(self, rpc, request, deadline: timedelta | None, *, extra_seconds: float = 0.0):
+    async def _idempotent(self, method: str, request, deadline: timedelta | None, *, extra_seconds: float = 0.0):
         timeout = (deadline or self._deadline).total_seconds() + extra_seconds
-
-        async def attempt():
-            return await rpc(request, timeout=timeout, metadata=self._metadata)
-
         try:
-            return await retry_call_async(attempt, policy=self._retry, retryable=self._retryable,
-                                          on_retry=self._log_retry)
-        except aio.AioRpcError as error:
+            return await self._transport.unary(method, request, timeout=timeout)
+        except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
     async def report(
@@ -107,7 +90,7 @@ class AsyncAdmissionClient:
         """Report trajectories; one result per trajectory, in order (see
         :func:`~knittrans.client.model.report_request` for the form they travel in)."""
         request = report_request(trajectories, request_id=request_id or new_request_id(), columnar=columnar)
-        return report_results(request, await self._idempotent(self._stub.ReportTrajectories, request, deadline))
+        return report_results(request, await self._idempotent("ReportTrajectories", request, deadline))
 
     async def reserve_units(
         self, reservations: Sequence[UnitReservation], *, request_id: str | None = None,
@@ -117,7 +100,7 @@ class AsyncAdmissionClient:
         ``ReserveUnits`` in the proto); returns how many reservations were new."""
         request = pb.ReserveUnitsRequest(request_id=request_id or new_request_id(),
                                          reservations=reservations_to_proto(reservations))
-        return (await self._idempotent(self._stub.ReserveUnits, request, deadline)).reserved
+        return (await self._idempotent("ReserveUnits", request, deadline)).reserved
 
     async def cancel_reservations(
         self, trajectory_ids: Sequence[TrajectoryId], *, request_id: str | None = None,
@@ -126,7 +109,7 @@ class AsyncAdmissionClient:
         """Drop the reservations of trajectories that will never be reported; returns how many were held."""
         request = pb.CancelReservationsRequest(request_id=request_id or new_request_id(),
                                                trajectory_ids=list(trajectory_ids))
-        return (await self._idempotent(self._stub.CancelReservations, request, deadline)).cancelled
+        return (await self._idempotent("CancelReservations", request, deadline)).cancelled
 
     async def report_scheduled(
         self, rollout_step: int, count: int, *, request_id: str | None = None, deadline: timedelta | None = None
@@ -134,24 +117,24 @@ class AsyncAdmissionClient:
         request = pb.ReportScheduledRequest(
             request_id=request_id or new_request_id(), rollout_step=rollout_step, count=count
         )
-        return (await self._idempotent(self._stub.ReportScheduled, request, deadline)).total_scheduled
+        return (await self._idempotent("ReportScheduled", request, deadline)).total_scheduled
 
     async def register_consumer(
         self, consumer: ConsumerId, *, request_id: str | None = None, deadline: timedelta | None = None
     ) -> Registration:
         request = pb.RegisterConsumerRequest(request_id=request_id or new_request_id(),
                                              consumer=consumer_to_proto(consumer))
-        return registration_from_proto(await self._idempotent(self._stub.RegisterConsumer, request, deadline))
+        return registration_from_proto(await self._idempotent("RegisterConsumer", request, deadline))
 
     def watch_assignment_messages(
         self, consumer: ConsumerId, *, after_sequence: int = 0
     ) -> AsyncIterator[pb.WatchAssignmentsResponse]:
         """The raw stream (for readers that decode an assignment lazily); one connection, no retry, no
-        deadline (keep-alive pings detect a dead peer). It raises ``grpc.aio.AioRpcError``: a reader that
+        deadline (keep-alive pings detect a dead peer). It raises ``grpc.RpcError``: a reader that
         reconnects decides which codes it retries, and maps the others with
         :func:`~knittrans.client.connection.error_from_rpc`."""
         request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer), after_sequence=after_sequence)
-        return _cancelled_on_exit(self._stub.WatchAssignments(request, metadata=self._metadata))
+        return self._transport.stream("WatchAssignments", request)
 
     async def watch_assignments(self, consumer: ConsumerId, *, after_sequence: int = 0) -> AsyncIterator[Assignment]:
         """Assignments in order, decoded; the stream has no deadline (keep-alive pings detect a dead peer)."""
@@ -159,7 +142,7 @@ class AsyncAdmissionClient:
         try:
             async for response in messages:
                 yield assignment_from_proto(response)
-        except aio.AioRpcError as error:
+        except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         finally:
             await messages.aclose()
@@ -172,7 +155,7 @@ class AsyncAdmissionClient:
             request_id=request_id or new_request_id(), consumer=consumer_to_proto(consumer), sequence=sequence,
             stage=progress_stage_to_proto(stage),
         )
-        return (await self._idempotent(self._stub.ReportProgress, request, deadline)).released
+        return (await self._idempotent("ReportProgress", request, deadline)).released
 
     async def advance_version(
         self, train_batch_index: int, new_version: int, *, deadline: timedelta | None = None
@@ -180,11 +163,11 @@ class AsyncAdmissionClient:
         request = pb.AdvanceVersionRequest(
             request_id=new_request_id(), train_batch_index=train_batch_index, new_version=new_version
         )
-        return (await self._idempotent(self._stub.AdvanceVersion, request, deadline)).version
+        return (await self._idempotent("AdvanceVersion", request, deadline)).version
 
     async def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
         """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""
-        return status_from_proto(await self._idempotent(self._stub.GetStatus, pb.GetStatusRequest(), deadline))
+        return status_from_proto(await self._idempotent("GetStatus", pb.GetStatusRequest(), deadline))
 
     async def report_consumer_failure(
         self, failure: ConsumerFailure, *, request_id: str | None = None, deadline: timedelta | None = None
@@ -192,7 +175,7 @@ class AsyncAdmissionClient:
         """A consumer could not read or pack a mini-batch; returns False when it had already reported one."""
         request = pb.ReportConsumerFailureRequest(request_id=request_id or new_request_id(),
                                                   failure=consumer_failure_to_proto(failure))
-        return (await self._idempotent(self._stub.ReportConsumerFailure, request, deadline)).recorded
+        return (await self._idempotent("ReportConsumerFailure", request, deadline)).recorded
 
     async def wait_minibatch_verdict(
         self, sequence: int, *, wait: timedelta, deadline: timedelta | None = None
@@ -200,14 +183,6 @@ class AsyncAdmissionClient:
         """One long poll: the verdict on mini-batch ``sequence``, or PENDING if the service has none after
         ``wait`` (the call's deadline is ``deadline`` on top of that)."""
         request = pb.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=wait.total_seconds())
-        response = await self._idempotent(self._stub.WaitMiniBatchVerdict, request, deadline,
+        response = await self._idempotent("WaitMiniBatchVerdict", request, deadline,
                                           extra_seconds=wait.total_seconds())
         return verdict_from_proto(response, sequence)
-
-
-async def _cancelled_on_exit(call) -> AsyncIterator[pb.WatchAssignmentsResponse]:
-    try:
-        async for response in call:
-            yield response
-    finally:
-        call.cancel()
