@@ -14,7 +14,7 @@ import pytest
 
 from knittrans.admission.service.app import start_admission_service
 from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
-from knittrans.client.connection import ConnectionSettings
+from knittrans.client.connection import ConnectionSettings, open_channel
 from knittrans.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
@@ -84,7 +84,7 @@ async def test_a_columnar_report_answers_with_outcomes_and_conflicts(service) ->
     def scenario() -> None:
         with AdmissionClient(service.address) as client:
             client.report([make_meta(0)], columnar=False)
-            stub = admission_service_pb2_grpc.AdmissionServiceStub(client._channel)
+            stub = admission_service_pb2_grpc.AdmissionServiceStub(open_channel(client.connection))
             batch = batch_from_messages([trajectory_to_proto(m) for m in (make_meta(0), make_meta(1, tokens=50))])
             response = stub.ReportTrajectories(pb.ReportTrajectoriesRequest(request_id="b", batch=batch), timeout=10)
             assert list(response.outcomes) == [pb.REPORT_OUTCOME_DUPLICATE, pb.REPORT_OUTCOME_ACCEPTED]
@@ -249,7 +249,7 @@ async def test_admitted_at_is_unix_seconds(service) -> None:
             before = time.time()
             client.report([make_meta(i, source="AB"[i % 2]) for i in range(4)])
             after = time.time()
-            stub = admission_service_pb2_grpc.AdmissionServiceStub(client._channel)
+            stub = admission_service_pb2_grpc.AdmissionServiceStub(open_channel(client.connection))
             request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(CONSUMERS[0]))
             stream = stub.WatchAssignments(request, timeout=10)
             first = next(stream)

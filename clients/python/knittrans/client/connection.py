@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +21,7 @@ from knittrans.errors import (
     Unavailable,
     error_class_for_status,
 )
+from knittrans.retry import RetryPolicy, retry_call
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 Response = TypeVar("Response")
@@ -138,6 +138,10 @@ def call(rpc: Callable[..., Response], request: Any, *, deadline: timedelta, met
         raise error_from_rpc(error) from None
 
 
+# Idempotent calls: retried while the service is unavailable (not started yet, restarting) for up to 30 s.
+UNARY_RETRY = RetryPolicy(initial=0.05, cap=2.0, deadline=30.0, jitter=0.5)
+
+
 def call_with_retry(
     rpc: Callable[..., Response],
     request: Any,
@@ -148,13 +152,8 @@ def call_with_retry(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Response:
     """Retry idempotent calls on UNAVAILABLE / DEADLINE_EXCEEDED with jittered exponential back-off."""
-    give_up_at = time.monotonic() + attempts_for.total_seconds()
-    backoff = 0.05
-    while True:
-        try:
-            return call(rpc, request, deadline=deadline, metadata=metadata)
-        except _RETRYABLE:
-            if time.monotonic() + backoff > give_up_at:
-                raise
-            sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, 2.0)
+    return retry_call(
+        lambda: call(rpc, request, deadline=deadline, metadata=metadata),
+        policy=replace(UNARY_RETRY, deadline=attempts_for.total_seconds()),
+        retryable=lambda error: isinstance(error, _RETRYABLE), sleep=sleep,
+    )

@@ -33,15 +33,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from knittrans.errors import Conflict, InvalidArgument, StoreError, StoreFullError, Unavailable, UnitNotFound
+from knittrans.retry import Backoff, RetryPolicy
 from knittrans.store.buffers import BufferLike, address_of, byte_view, writable_byte_view
 from knittrans.store.hashing import content_hash
 from knittrans.store.mooncake_errors import MooncakeCode, mooncake_error
@@ -99,22 +99,9 @@ class MooncakeStoreConfig:
         return int(self.master_address.rpartition(":")[2])
 
 
-class _Backoff:
-    """Exponential back-off sleeps until a deadline."""
-
-    def __init__(self, seconds: float, *, first: float = 0.01, cap: float = 0.5) -> None:
-        self._deadline = time.monotonic() + seconds
-        self._delay = first
-        self._cap = cap
-
-    def wait(self) -> bool:
-        """Sleep before the next attempt; False once the deadline has passed."""
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        time.sleep(min(self._delay, remaining))
-        self._delay = min(self._delay * 2, self._cap)
-        return True
+# Waiting for space (the store evicts, or readers release leases) and for leases on deleted units to expire.
+_FULL_RETRY = RetryPolicy(initial=0.01, cap=0.5)
+_LEASE_RETRY = RetryPolicy(initial=0.05, cap=1.0)
 
 
 class MooncakeUnitStore:
@@ -229,7 +216,7 @@ class MooncakeUnitStore:
     def _put_new(self, writes: Sequence[UnitWrite]) -> list[UnitKey]:
         created: list[UnitKey] = []
         remaining = list(writes)
-        backoff = _Backoff(self._config.full_retry_seconds)
+        backoff = Backoff(replace(_FULL_RETRY, deadline=self._config.full_retry_seconds))
         try:
             with self._transfer_addresses([w.data for w in writes]) as addresses:
                 address_of_key = {w.key: a for w, a in zip(writes, addresses, strict=True)}
@@ -249,7 +236,7 @@ class MooncakeUnitStore:
                         else:
                             raise mooncake_error(code, key=write.key, operation="batch_put_from")
                     remaining = full
-                    if remaining and not backoff.wait():
+                    if remaining and not backoff.sleep():
                         waiting = sum(w.header.byte_length for w in remaining)
                         raise StoreFullError(
                             f"no space for {len(remaining)} units ({waiting} bytes; the first, {remaining[0].key!r}, "
@@ -417,7 +404,7 @@ class MooncakeUnitStore:
 
     def _reap(self) -> None:
         """Retry removing leased units, with back-off, until none is left or close() gives up on them."""
-        delay, cap = 0.05, 1.0
+        delays = _LEASE_RETRY.delays()
         while True:
             with self._pending_changed:
                 if self._stop_reaping or not self._pending_removal:
@@ -445,8 +432,7 @@ class MooncakeUnitStore:
                 self._pending_changed.notify_all()  # wakes close() and wait_removed()
                 if not self._pending_removal:
                     continue
-                self._pending_changed.wait(timeout=delay)
-            delay = min(delay * 2, cap)
+                self._pending_changed.wait(timeout=next(delays))
 
     def _finish_pending_removal(self, keys: Sequence[UnitKey]) -> None:
         """Rewriting a key deleted under a lease: remove the old unit first (waiting for its lease), so the
@@ -456,7 +442,7 @@ class MooncakeUnitStore:
             for key in mine:
                 del self._pending_removal[key]
         remaining = mine
-        backoff = _Backoff(self._config.lease_retry_seconds, first=0.05, cap=1.0)
+        backoff = Backoff(replace(_LEASE_RETRY, deadline=self._config.lease_retry_seconds))
         while remaining:
             with self._lock:
                 codes = self._client.batch_remove(remaining, False)
@@ -465,7 +451,7 @@ class MooncakeUnitStore:
                     self._schedule_removal(remaining)
                     raise mooncake_error(code, key=key, operation="batch_remove")
             remaining = [k for k, c in zip(remaining, codes, strict=True) if c in _LEASED]
-            if remaining and not backoff.wait():
+            if remaining and not backoff.sleep():
                 self._schedule_removal(remaining)
                 raise StoreError(
                     f"cannot rewrite {len(remaining)} deleted units still leased after "

@@ -48,7 +48,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -64,6 +64,7 @@ from knittrans.errors import (
     Unavailable,
 )
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
+from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse
 from knittrans.trainer.layout import item_offsets, packed_encoding_uses
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
@@ -74,6 +75,7 @@ from knittrans.v1 import reorg_service_pb2_grpc
 logger = logging.getLogger(__name__)
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 
 class DeliveryMode(StrEnum):
@@ -538,9 +540,8 @@ class TrainerClient:
         incarnation = ""
         after = 0
         last_key: tuple[int, int] = (0, -1)
-        unreachable_since: float | None = None
+        unreachable = Backoff(replace(_SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
         idle_since = time.monotonic()
-        backoff = 0.02
         while not self._stop.is_set():
             request = pb.NextMicroBatchRequest(tp_rank=settings.tp_rank, after_ticket=after, incarnation=incarnation)
             try:
@@ -555,18 +556,15 @@ class TrainerClient:
                     return
                 if error.code() not in _RETRYABLE:
                     raise error_from_rpc(error) from None
-                now = time.monotonic()
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since > settings.sidecar_timeout_seconds:
+                delay = unreachable.next_delay()
+                if delay is None:
                     raise Unavailable(
-                        f"reorg sidecar {settings.target} has not answered for {now - unreachable_since:.1f}s "
+                        f"reorg sidecar {settings.target} has not answered for {unreachable.failing_for():.1f}s "
                         f"({error.code().name}: {error.details()})", field="sidecar",
                     ) from None
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+                time.sleep(delay)
                 continue
-            unreachable_since = None
-            backoff = 0.02
+            unreachable.reset()
             if response.HasField("descriptor"):
                 descriptor = MicroBatchDescriptor.from_proto(response.descriptor)
                 if descriptor.incarnation != incarnation:

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
 from typing import Protocol
@@ -31,19 +30,22 @@ from typing import Protocol
 import grpc
 from grpc import aio
 
-from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_aio_channel
+from knittrans.client.aio import AsyncAdmissionClient
+from knittrans.client.connection import ConnectionSettings, error_from_rpc
+from knittrans.client.model import ConsumerFailure, ProgressStage, Registration, VerdictState
 from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
 from knittrans.plan_proto import encoding_assignment_to_proto
+from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import ConsumerId, Topology
-from knittrans.v1 import admission_pb2, admission_service_pb2, admission_service_pb2_grpc, plan_pb2
-from knittrans.wire import consumer_to_proto, topology_from_proto, within
+from knittrans.v1 import admission_pb2, admission_service_pb2, plan_pb2
+from knittrans.wire import within
 
 logger = logging.getLogger(__name__)
 
-_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED)
+_RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,13 +180,6 @@ class Verdict:
         return self.failure is None
 
 
-@dataclass(frozen=True, kw_only=True)
-class Registration:
-    topology: Topology
-    acknowledged_sequence: int
-    job: str
-
-
 class AssignmentSource(Protocol):
     """Assignments of one consumer, in sequence order (see the module docstring)."""
 
@@ -281,32 +276,11 @@ class WatchSettings:
     give_up_after: timedelta | None = None  # None: reconnect forever (the service may be restarting)
     verdict_poll: timedelta = timedelta(seconds=5)  # how long one WaitMiniBatchVerdict call waits server-side
 
-
-@dataclass
-class _Backoff:
-    settings: WatchSettings
-    current: float = field(init=False, default=0.0)
-    failing_since: float | None = field(init=False, default=None)
-
-    async def wait(self, error: Exception) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self.failing_since is None:
-            self.failing_since = now
-        limit = self.settings.give_up_after
-        if limit is not None and now - self.failing_since > limit.total_seconds():
-            raise error
-        self.current = min(max(self.current * 2, self.settings.initial_backoff.total_seconds()),
-                           self.settings.max_backoff.total_seconds())
-        await asyncio.sleep(self.current * (0.5 + random.random() / 2))
-
-    def reset(self) -> None:
-        self.current = 0.0
-        self.failing_since = None
-
-
-def _retryable(error: grpc.aio.AioRpcError) -> bool:
-    return error.code() in _RETRYABLE_CODES
+    @property
+    def retry(self) -> RetryPolicy:
+        return RetryPolicy(initial=self.initial_backoff.total_seconds(), cap=self.max_backoff.total_seconds(),
+                           deadline=None if self.give_up_after is None else self.give_up_after.total_seconds(),
+                           jitter=0.5)
 
 
 class AdmissionAssignmentSource:
@@ -314,12 +288,10 @@ class AdmissionAssignmentSource:
 
     def __init__(self, connection: ConnectionSettings, consumer: ConsumerId,
                  settings: WatchSettings | None = None) -> None:
-        self._connection = connection
         self._consumer = consumer
         self._settings = settings or WatchSettings()
-        self._metadata = connection.call_metadata()
-        self._channel = open_aio_channel(connection)
-        self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
+        self._client = AsyncAdmissionClient(connection, deadline=self._settings.deadline,
+                                            retry=self._settings.retry, retry_codes=_RETRYABLE_CODES)
         self._received = 0  # the last sequence yielded: resume point after a reconnect
         self._registered = False
 
@@ -327,33 +299,15 @@ class AdmissionAssignmentSource:
     def consumer(self) -> ConsumerId:
         return self._consumer
 
-    async def _unary(self, rpc, request, *, extra_seconds: float = 0.0):
-        backoff = _Backoff(self._settings)
-        while True:
-            try:
-                return await rpc(request, timeout=self._settings.deadline.total_seconds() + extra_seconds,
-                                 metadata=self._metadata)
-            except aio.AioRpcError as error:
-                if not _retryable(error):
-                    raise error_from_rpc(error) from None
-                logger.info("admission service call failed (%s), retrying", error.code().name)
-                await backoff.wait(error_from_rpc(error))
-
     async def register(self) -> Registration:
-        response = await self._unary(
-            self._stub.RegisterConsumer,
-            admission_service_pb2.RegisterConsumerRequest(
-                request_id=f"register/{self._consumer}", consumer=consumer_to_proto(self._consumer)
-            ),
-        )
-        topology = topology_from_proto(response.topology)
-        self._consumer.check_within(topology)
-        self._received = response.acknowledged_sequence
+        registration = await self._client.register_consumer(self._consumer,
+                                                            request_id=f"register/{self._consumer}")
+        self._consumer.check_within(registration.topology)
+        self._received = registration.acknowledged_sequence
         self._registered = True
         logger.info("registered %s with the admission service; resuming after sequence %d",
                     self._consumer, self._received)
-        return Registration(topology=topology, acknowledged_sequence=response.acknowledged_sequence,
-                            job=response.job)
+        return registration
 
     def __aiter__(self) -> AsyncIterator[AssignmentEvent]:
         return self._events()
@@ -361,16 +315,11 @@ class AdmissionAssignmentSource:
     async def _events(self) -> AsyncIterator[AssignmentEvent]:
         if not self._registered:
             await self.register()
-        backoff = _Backoff(self._settings)
+        backoff = Backoff(self._settings.retry, start_now=False)
         while True:
-            call = self._stub.WatchAssignments(
-                admission_service_pb2.WatchAssignmentsRequest(
-                    consumer=consumer_to_proto(self._consumer), after_sequence=self._received
-                ),
-                metadata=self._metadata,
-            )
+            stream = self._client.watch_assignment_messages(self._consumer, after_sequence=self._received)
             try:
-                async for response in call:
+                async for response in stream:
                     received_at = time.time()
                     backoff.reset()
                     if response.sequence <= self._received:
@@ -384,30 +333,25 @@ class AdmissionAssignmentSource:
                     self._received = event.sequence
                     yield event
                 logger.info("the assignment stream ended (service shutting down?); reconnecting")
-                await backoff.wait(Unavailable("the admission service keeps closing the assignment stream"))
+                if not await backoff.sleep_async():
+                    raise Unavailable("the admission service keeps closing the assignment stream")
             except aio.AioRpcError as error:
-                if not _retryable(error):
+                if error.code() not in _RETRYABLE_CODES:
                     raise error_from_rpc(error) from None
                 logger.info("assignment stream broke (%s); reconnecting after sequence %d",
                             error.code().name, self._received)
-                await backoff.wait(error_from_rpc(error))
+                if not await backoff.sleep_async():
+                    raise error_from_rpc(error) from None
             finally:
-                call.cancel()
+                await stream.aclose()
 
     async def acknowledge(self, sequence: int) -> None:
-        await self._unary(
-            self._stub.ReportProgress,
-            admission_service_pb2.ReportProgressRequest(
-                request_id=f"delivered/{self._consumer}/{sequence}",
-                consumer=consumer_to_proto(self._consumer),
-                sequence=sequence,
-                stage=admission_service_pb2.PROGRESS_STAGE_DELIVERED,
-            ),
-        )
+        await self._client.report_progress(self._consumer, sequence, ProgressStage.DELIVERED,
+                                           request_id=f"delivered/{self._consumer}/{sequence}")
 
     async def report_failure(self, report: FailureReport) -> None:
-        failure = admission_service_pb2.ConsumerFailure(
-            consumer=consumer_to_proto(self._consumer),
+        failure = ConsumerFailure(
+            consumer=self._consumer,
             sequence=report.sequence,
             train_batch_index=report.admission.train_batch_index,
             minibatch_index=report.admission.minibatch_index,
@@ -416,50 +360,35 @@ class AdmissionAssignmentSource:
             unit_key=report.failure.unit_key,
             reason=report.failure.reason,
         )
-        await self._unary(
-            self._stub.ReportConsumerFailure,
-            admission_service_pb2.ReportConsumerFailureRequest(
-                request_id=f"failed/{self._consumer}/{report.sequence}", failure=failure
-            ),
-        )
+        await self._client.report_consumer_failure(failure, request_id=f"failed/{self._consumer}/{report.sequence}")
 
     async def report_verified(self, sequence: int) -> None:
-        await self._unary(
-            self._stub.ReportProgress,
-            admission_service_pb2.ReportProgressRequest(
-                request_id=f"verified/{self._consumer}/{sequence}",
-                consumer=consumer_to_proto(self._consumer),
-                sequence=sequence,
-                stage=admission_service_pb2.PROGRESS_STAGE_VERIFIED,
-            ),
-        )
+        await self._client.report_progress(self._consumer, sequence, ProgressStage.VERIFIED,
+                                           request_id=f"verified/{self._consumer}/{sequence}")
 
     async def wait_verdict(self, sequence: int) -> Verdict:
         """Long-polls until the service has the verdict; waits for as long as some consumer has not verified."""
-        poll = self._settings.verdict_poll.total_seconds()
-        request = admission_service_pb2.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=poll)
+        poll = self._settings.verdict_poll
         polls = 0
         while True:
             polls += 1
-            response = await self._unary(self._stub.WaitMiniBatchVerdict, request, extra_seconds=poll)
-            if response.verdict == admission_service_pb2.MINI_BATCH_VERDICT_OK:
+            verdict = await self._client.wait_minibatch_verdict(sequence, wait=poll)
+            if verdict.state is VerdictState.OK:
                 return Verdict()
-            if response.verdict == admission_service_pb2.MINI_BATCH_VERDICT_FAILED:
-                return Verdict(failure=_failure_from_proto(response.failure))
-            if response.verdict != admission_service_pb2.MINI_BATCH_VERDICT_PENDING:
-                raise KnitTransError(f"unknown verdict {response.verdict} on mini-batch {sequence}",
-                                     field="verdict")
+            if verdict.state is VerdictState.FAILED:
+                assert verdict.failure is not None
+                return Verdict(failure=_failure_for_consumers(verdict.failure))
             if polls % 6 == 0:  # about every 30 s with the default poll
-                waiting = ", ".join(f"{c.role} dp {c.dp_rank} cp {c.cp_rank}" for c in response.waiting_for)
+                waiting = ", ".join(f"{c.role} dp {c.dp_rank} cp {c.cp_rank}" for c in verdict.waiting_for)
                 logger.warning("%s: mini-batch %d still waits for its verdict after %.0fs: not verified yet by %s "
                                "(is every planned consumer's sidecar running?)", self._consumer, sequence,
-                               polls * poll, waiting or "?")
+                               polls * poll.total_seconds(), waiting or "?")
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._client.close()
 
 
-def _failure_from_proto(failure: admission_service_pb2.ConsumerFailure) -> MiniBatchFailure:
+def _failure_for_consumers(failure: ConsumerFailure) -> MiniBatchFailure:
     """The failure a consumer reported, for every consumer's trainer ranks: the reason says whose it was."""
     consumer = failure.consumer
     origin = f"{consumer.role} dp {consumer.dp_rank} cp {consumer.cp_rank}"

@@ -11,15 +11,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from knittrans.errors import StoreError, StoreFullError
 from knittrans.reorg.packing import Destination, PackLayout
+from knittrans.retry import Backoff, RetryPolicy
 from knittrans.store.protocol import UnitRead, UnitStore
 
 logger = logging.getLogger(__name__)
+# Transient store errors on reads and size queries: retried for the reader's retry_seconds.
+STORE_RETRY = RetryPolicy(initial=0.05, cap=2.0)
 
 _SCRATCH_GRANULE = 1 << 20
 
@@ -72,8 +75,8 @@ class MicroBatchReader:
             view = target[placement.offset : placement.offset + placement.byte_length]
             reads.append(UnitRead.of(placement.key, view, placement.ranges))
         started = self._clock()
+        backoff = Backoff(replace(STORE_RETRY, deadline=self._retry_seconds), clock=self._clock)
         attempts = 0
-        backoff = 0.05
         before = self._store.stats.snapshot().moved_bytes  # failed attempts' bytes count too
         while True:
             attempts += 1
@@ -83,11 +86,11 @@ class MicroBatchReader:
             except StoreFullError:
                 raise
             except StoreError as error:
-                if self._clock() - started + backoff > self._retry_seconds:
+                delay = backoff.next_delay()
+                if delay is None:
                     raise
-                logger.warning("store read failed (%s); retrying in %.2fs", error, backoff)
-                self._sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                logger.warning("store read failed (%s); retrying in %.2fs", error, delay)
+                self._sleep(delay)
         moved = self._store.stats.snapshot().moved_bytes - before
         if reads:
             self.read_calls += 1

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from knittrans.errors import StoreError, StoreFullError
 from knittrans.reorg.assignments import AssignmentEvent
+from knittrans.reorg.reader import STORE_RETRY
+from knittrans.retry import Backoff
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import UnitKey
@@ -115,8 +117,7 @@ def verify_part(
     units = stored_units(event)
     if not units:
         return None
-    started = clock()
-    backoff = 0.05
+    backoff = Backoff(replace(STORE_RETRY, deadline=retry_seconds), clock=clock)
     while True:
         try:
             sizes = store.sizes([unit.key for unit in units])
@@ -124,9 +125,9 @@ def verify_part(
         except StoreFullError:
             raise
         except StoreError as error:
-            if clock() - started + backoff > retry_seconds:
+            delay = backoff.next_delay()
+            if delay is None:
                 raise
-            logger.warning("store size query failed (%s); retrying in %.2fs", error, backoff)
-            sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            logger.warning("store size query failed (%s); retrying in %.2fs", error, delay)
+            sleep(delay)
     return first_mismatch(units, sizes)

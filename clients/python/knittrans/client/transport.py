@@ -1,0 +1,118 @@
+"""How the admission client's calls reach the service: on grpc.aio, or blocking on a plain grpc channel.
+
+:class:`~knittrans.client.aio.AsyncAdmissionClient` builds each request and reads each response; a transport
+only sends, under the client's one :class:`~knittrans.retry.RetryPolicy`. The blocking transport's coroutines
+never suspend, so the sync :class:`~knittrans.client.admission.AdmissionClient` runs the async client's own
+coroutines to completion in the caller's thread (:func:`run_to_completion`), with no event loop and no thread
+hop: a report costs what a plain sync gRPC call costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from knittrans.client.connection import ConnectionSettings, open_aio_channel, open_channel
+from knittrans.retry import RetryPolicy, retry_call, retry_call_async
+from knittrans.v1 import admission_service_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Transport(Protocol):
+    """Raises ``grpc.RpcError`` (the caller maps it to a :class:`~knittrans.errors.KnitTransError`)."""
+
+    async def unary(self, method: str, request: Any, *, timeout: float) -> Any:
+        """One idempotent call, retried while it fails with a retryable code."""
+
+    def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+        """A server stream without deadline, cancelled when the iterator is closed; not retried."""
+
+    async def close(self) -> None: ...
+
+
+class _Retrying:
+    def __init__(self, connection: ConnectionSettings, retry: RetryPolicy,
+                 retry_codes: frozenset[grpc.StatusCode]) -> None:
+        self._metadata = connection.call_metadata()
+        self._retry = retry
+        self._retry_codes = retry_codes
+
+    def _retryable(self, error: BaseException) -> bool:
+        return isinstance(error, grpc.RpcError) and hasattr(error, "code") and error.code() in self._retry_codes
+
+    @staticmethod
+    def _log_retry(error: BaseException) -> None:
+        code = error.code().name if hasattr(error, "code") else type(error).__name__
+        logger.info("admission service call failed (%s), retrying", code)
+
+
+class AioTransport(_Retrying):
+    """grpc.aio: open it inside the event loop that will use it (an aio channel belongs to one loop)."""
+
+    def __init__(self, connection: ConnectionSettings, retry: RetryPolicy,
+                 retry_codes: frozenset[grpc.StatusCode]) -> None:
+        super().__init__(connection, retry, retry_codes)
+        self._channel = open_aio_channel(connection)
+        self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
+
+    async def unary(self, method: str, request: Any, *, timeout: float) -> Any:
+        rpc = getattr(self._stub, method)
+
+        async def attempt() -> Any:
+            return await rpc(request, timeout=timeout, metadata=self._metadata)
+
+        return await retry_call_async(attempt, policy=self._retry, retryable=self._retryable,
+                                      on_retry=self._log_retry)
+
+    async def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+        call = getattr(self._stub, method)(request, metadata=self._metadata)
+        try:
+            async for response in call:
+                yield response
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class BlockingTransport(_Retrying):
+    """A plain grpc channel; its coroutines block the calling thread and never suspend."""
+
+    def __init__(self, connection: ConnectionSettings, retry: RetryPolicy,
+                 retry_codes: frozenset[grpc.StatusCode]) -> None:
+        super().__init__(connection, retry, retry_codes)
+        self._channel = open_channel(connection)
+        self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
+
+    async def unary(self, method: str, request: Any, *, timeout: float) -> Any:
+        rpc = getattr(self._stub, method)
+        return retry_call(lambda: rpc(request, timeout=timeout, metadata=self._metadata), policy=self._retry,
+                          retryable=self._retryable, on_retry=self._log_retry)
+
+    async def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+        call = getattr(self._stub, method)(request, metadata=self._metadata)
+        try:
+            for response in call:
+                yield response
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        self._channel.close()
+
+
+def run_to_completion(awaitable: Awaitable[T]) -> T:
+    """The result of an awaitable that never suspends (one built on :class:`BlockingTransport`)."""
+    step: Callable[[None], Any] = awaitable.__await__().send
+    try:
+        step(None)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a blocking admission call suspended: it needs an event loop")
