@@ -18,6 +18,7 @@ import grpc
 from knittrans.client.connection import ConnectionSettings, call_with_retry, error_from_rpc, open_channel
 from knittrans.errors import InvalidArgument
 from knittrans.plan import ConsumerAssignment
+from knittrans.plan.proto import assignment_from_proto as consumer_assignment_from_proto
 from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
 from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta, UnitReservation
 from knittrans.v1 import admission_service_pb2 as pb
@@ -267,7 +268,7 @@ def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:
         train_version=admission.train_version,
         trajectory_ids=tuple(TrajectoryId(t) for t in admission.trajectory_ids),
         global_loss_tokens=response.global_loss_tokens,
-        assignment=ConsumerAssignment.from_proto(response.assignment),
+        assignment=consumer_assignment_from_proto(response.assignment),
     )
 
 

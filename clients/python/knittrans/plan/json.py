@@ -6,6 +6,7 @@ strict: unknown keys and wrong types raise :class:`~knittrans.errors.InvalidArgu
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -15,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from knittrans.config import build
-from knittrans.errors import InvalidArgument
-from knittrans.plan import (
+from knittrans.errors import InvalidArgument, within
+from knittrans.plan.geometry import segment_sums
+from knittrans.plan.parts import (
     PLAN_FORMAT,
     ROUTE_COLUMNS,
     BackbonePlan,
@@ -26,7 +28,6 @@ from knittrans.plan import (
     Plan,
     PlanQuality,
     RouteMap,
-    segment_sums,
 )
 from knittrans.types import (
     DType,
@@ -44,7 +45,20 @@ from knittrans.types import (
     UnitRef,
     VersionSegment,
 )
-from knittrans.wire import within
+
+
+def plan_to_json(plan: Plan, *, indent: int | None = None) -> str:
+    """The JSON text of a plan (docs/plan-format.md)."""
+    return json.dumps(plan_to_json_dict(plan), indent=indent)
+
+
+def plan_from_json(text: str | bytes) -> Plan:
+    """Parse and :meth:`~knittrans.plan.Plan.validate` a plan written by :func:`plan_to_json`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"not valid JSON: {exc}", field="plan") from None
+    return plan_from_json_dict(data)
 
 
 def plan_to_json_dict(plan: Plan) -> dict[str, Any]:
@@ -361,7 +375,13 @@ def topology_from_json_dict(data: Any, path: str = "topology") -> Topology:
 
 
 def plan_from_json_dict(data: Any) -> Plan:
-    """A plan from its JSON form, not yet validated: call :meth:`Plan.validate`."""
+    """Parse and :meth:`~knittrans.plan.Plan.validate` the JSON form of a plan."""
+    plan = _plan_from_json_dict(data)
+    plan.validate()
+    return plan
+
+
+def _plan_from_json_dict(data: Any) -> Plan:
     f = _Fields(
         data,
         "",
