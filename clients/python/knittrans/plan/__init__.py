@@ -18,7 +18,8 @@ trajectory, in each trajectory's ``multimodal`` order.
 
 Modules: :mod:`~knittrans.plan.geometry` (padding and zigzag CP arithmetic), :mod:`~knittrans.plan.parts`
 (the plan and its parts), :mod:`~knittrans.plan.assignment` (what one consumer receives),
-:mod:`~knittrans.plan.validate` (the invariants), and the codecs :mod:`~knittrans.plan.json` and
+:mod:`~knittrans.plan.validate` (the invariants), and the codecs :mod:`~knittrans.plan.json` (with
+:mod:`~knittrans.plan.trajectory_json`, the BATCH.jsonl form) and
 :mod:`~knittrans.plan.proto`. This package loads no protobuf: import :mod:`knittrans.plan.proto` where the
 protobuf forms are needed.
 """

@@ -1,22 +1,18 @@
-"""JSON forms of trajectories and plans (docs/plan-format.md).
-
-Trajectories use the BATCH.jsonl form of ``knittrans plan``; plans the ``knittrans.plan/v1`` form. Parsing is
-strict: unknown keys and wrong types raise :class:`~knittrans.errors.InvalidArgument` naming the field.
+"""JSON forms of plans (docs/plan-format.md): the ``knittrans.plan/v1`` form, and (from
+:mod:`knittrans.plan.trajectory_json`) the BATCH.jsonl form of trajectories that ``knittrans plan`` reads.
+Parsing is strict: unknown keys and wrong types raise :class:`~knittrans.errors.InvalidArgument` naming the
+field.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from functools import partial
 from typing import Any
 
 import numpy as np
 
-from knittrans.config import build
-from knittrans.errors import InvalidArgument, within
+from knittrans.errors import InvalidArgument
 from knittrans.plan.geometry import segment_sums
 from knittrans.plan.parts import (
     PLAN_FORMAT,
@@ -29,22 +25,14 @@ from knittrans.plan.parts import (
     PlanQuality,
     RouteMap,
 )
-from knittrans.types import (
-    DType,
-    FieldAlignment,
-    MultimodalRef,
-    SampleId,
-    SourceName,
-    TokenSpan,
-    Topology,
-    TrajectoryId,
-    TrajectoryMeta,
-    UnitHeader,
-    UnitKey,
-    UnitKind,
-    UnitRef,
-    VersionSegment,
+from knittrans.plan.trajectory_json import (  # the trajectory forms: also imported from here
+    Fields,
+    topology_from_json_dict,
+    topology_to_json_dict,
+    trajectory_from_json_dict,
+    trajectory_to_json_dict,
 )
+from knittrans.types import Topology
 
 
 def plan_to_json(plan: Plan, *, indent: int | None = None) -> str:
@@ -106,7 +94,7 @@ def plan_to_json_dict(plan: Plan) -> dict[str, Any]:
         )
     return {
         "format": PLAN_FORMAT,
-        "topology": _topology_to_json_dict(plan.topology),
+        "topology": topology_to_json_dict(plan.topology),
         "label_fields": list(plan.label_fields),
         "trajectories": [trajectory_to_json_dict(t) for t in plan.trajectories],
         "backbone": {
@@ -124,256 +112,6 @@ def plan_to_json_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------------------------------------------
-
-
-class _Fields:
-    """Typed, strict reads from one JSON object, naming the field of every error."""
-
-    def __init__(self, data: Any, path: str, known: Sequence[str]) -> None:
-        if not isinstance(data, Mapping):
-            raise InvalidArgument(f"expected an object, got {type(data).__name__}", field=path or "<root>")
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise InvalidArgument(
-                f"unknown key; known keys are: {', '.join(known)}", field=self._join(path, unknown[0])
-            )
-        self.data = data
-        self.path = path
-
-    @staticmethod
-    def _join(path: str, key: str) -> str:
-        return f"{path}.{key}" if path else key
-
-    def field(self, key: str) -> str:
-        return self._join(self.path, key)
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def raw(self, key: str, default: Any = ...) -> Any:
-        if key not in self.data:
-            if default is ...:
-                raise InvalidArgument("is required", field=self.field(key))
-            return default
-        return self.data[key]
-
-    def int(self, key: str, default: Any = ...) -> int:
-        value = self.raw(key, default)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgument(f"expected an integer, got {value!r}", field=self.field(key))
-        return value
-
-    def float(self, key: str, default: Any = ...) -> float:
-        value = self.raw(key, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise InvalidArgument(f"expected a number, got {value!r}", field=self.field(key))
-        return float(value)
-
-    def str(self, key: str, default: Any = ...) -> str:
-        value = self.raw(key, default)
-        if not isinstance(value, str):
-            raise InvalidArgument(f"expected a string, got {value!r}", field=self.field(key))
-        return value
-
-    def bool(self, key: str, default: Any = ...) -> bool:
-        value = self.raw(key, default)
-        if not isinstance(value, bool):
-            raise InvalidArgument(f"expected true or false, got {value!r}", field=self.field(key))
-        return value
-
-    def list(self, key: str, default: Any = ...) -> list[Any]:
-        value = self.raw(key, default)
-        if not isinstance(value, list):
-            raise InvalidArgument(f"expected a list, got {value!r}", field=self.field(key))
-        return value
-
-    def ints(self, key: str, default: Any = ...) -> list[int]:
-        values = self.list(key, default)
-        for i, v in enumerate(values):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise InvalidArgument(f"expected an integer, got {v!r}", field=f"{self.field(key)}[{i}]")
-        return values
-
-
-def _header_to_json_dict(header: UnitHeader) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "dtype": header.dtype.value,
-        "shape": list(header.shape),
-        "byte_length": header.byte_length,
-        "content_hash": header.content_hash,
-    }
-    if header.seq_axis is not None:
-        data["seq_axis"] = header.seq_axis
-    if header.chunk_tokens:
-        data["chunk_tokens"] = header.chunk_tokens
-    return data
-
-
-def _header_from_json_dict(data: Any, path: str) -> UnitHeader:
-    f = _Fields(data, path, ("dtype", "shape", "byte_length", "content_hash", "seq_axis", "chunk_tokens"))
-    dtype = DType.parse(f.str("dtype"), f.field("dtype"))
-    shape = tuple(f.ints("shape"))
-    seq_axis = f.raw("seq_axis", None)
-    if seq_axis is not None:
-        seq_axis = f.int("seq_axis")
-    # Fields are read (and named in full) before `within`, which adds the path only to the dataclass's errors.
-    byte_length = f.int("byte_length", math.prod(shape) * dtype.itemsize)
-    content_hash = f.str("content_hash")
-    chunk_tokens = f.int("chunk_tokens", 0)
-    return within(
-        path,
-        partial(
-            UnitHeader, dtype=dtype, shape=shape, byte_length=byte_length, content_hash=content_hash,
-            seq_axis=seq_axis, chunk_tokens=chunk_tokens,
-        ),
-    )
-
-
-def _kind_from_json(value: str, field: str) -> UnitKind:
-    try:
-        return UnitKind(value)
-    except ValueError:
-        choices = ", ".join(k.value for k in UnitKind)
-        raise InvalidArgument(f"must be one of {choices}, got {value!r}", field=field) from None
-
-
-def trajectory_to_json_dict(meta: TrajectoryMeta) -> dict[str, Any]:
-    """The JSON form of a trajectory's metadata (one line of a BATCH.jsonl file; see docs/plan-format.md)."""
-    return {
-        "trajectory_id": meta.trajectory_id,
-        "sample_id": meta.sample_id,
-        "source": meta.source,
-        "rollout_step": meta.rollout_step,
-        "num_tokens": meta.num_tokens,
-        "num_loss_tokens": meta.num_loss_tokens,
-        "segments": [{"version": s.version, "num_tokens": s.num_tokens} for s in meta.segments],
-        "units": [
-            {"key": u.key, "field_name": u.field_name, "kind": u.kind.value, "header": _header_to_json_dict(u.header),
-             **({"alignment": u.alignment.value} if u.alignment is not None else {})}
-            for u in meta.units
-        ],
-        "multimodal": [
-            {
-                "key": m.key,
-                "encoder": m.encoder,
-                "cost": m.cost,
-                "placeholder": [m.placeholder.start, m.placeholder.end],
-                "kind": m.kind.value,
-                **({"header": _header_to_json_dict(m.header)} if m.header is not None else {}),
-            }
-            for m in meta.multimodal
-        ],
-        "accepted": meta.accepted,
-        "scalars": dict(meta.scalars),
-        "finished_at": meta.finished_at,
-    }
-
-
-_TRAJECTORY_KEYS = (
-    "trajectory_id",
-    "sample_id",
-    "source",
-    "rollout_step",
-    "num_tokens",
-    "num_loss_tokens",
-    "segments",
-    "units",
-    "multimodal",
-    "accepted",
-    "scalars",
-    "finished_at",
-)
-
-
-def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
-    """Parse the JSON form of a trajectory, naming the field of any error (prefixed with ``path``).
-
-    Only ``trajectory_id`` and ``num_tokens`` are required: ``sample_id`` defaults to the trajectory id,
-    ``source`` to ``default``, ``num_loss_tokens`` to ``num_tokens``, ``segments`` to one version-0 segment
-    over every token, and ``accepted`` to true.
-    """
-    f = _Fields(data, path, _TRAJECTORY_KEYS)
-    trajectory_id = f.str("trajectory_id")
-    num_tokens = f.int("num_tokens")
-    segments = []
-    default_segments = [{"version": 0, "num_tokens": num_tokens}] if num_tokens > 0 else []
-    for i, raw in enumerate(f.list("segments", default_segments)):
-        s = _Fields(raw, f"{f.field('segments')}[{i}]", ("version", "num_tokens"))
-        version, segment_tokens = s.int("version"), s.int("num_tokens")
-        segments.append(
-            within(s.path, partial(VersionSegment, version=version, num_tokens=segment_tokens))
-        )
-    units = []
-    for i, raw in enumerate(f.list("units", [])):
-        u = _Fields(raw, f"{f.field('units')}[{i}]", ("key", "field_name", "kind", "header", "alignment"))
-        header = _header_from_json_dict(u.raw("header"), u.field("header"))
-        kind = _kind_from_json(u.str("kind"), u.field("kind"))
-        key, field_name = UnitKey(u.str("key")), u.str("field_name")
-        alignment = FieldAlignment.parse(u.str("alignment"), u.field("alignment")) if u.has("alignment") else None
-        units.append(within(u.path, partial(UnitRef, key=key, field_name=field_name, kind=kind, header=header,
-                                            alignment=alignment)))
-    multimodal = []
-    for i, raw in enumerate(f.list("multimodal", [])):
-        m = _Fields(raw, f"{f.field('multimodal')}[{i}]", ("key", "encoder", "cost", "placeholder", "kind", "header"))
-        span = m.ints("placeholder")
-        if len(span) != 2:
-            raise InvalidArgument("expected [start, end]", field=m.field("placeholder"))
-        placeholder = within(m.field("placeholder"), lambda span=span: TokenSpan(start=span[0], end=span[1]))
-        header = _header_from_json_dict(m.raw("header"), m.field("header")) if m.has("header") else None
-        kind = _kind_from_json(m.str("kind", "image"), m.field("kind"))
-        key, encoder, cost = UnitKey(m.str("key")), m.str("encoder"), m.float("cost")
-        multimodal.append(
-            within(
-                m.path,
-                partial(MultimodalRef, key=key, encoder=encoder, cost=cost, placeholder=placeholder, kind=kind,
-                        header=header),
-            )
-        )
-    scalars_raw = f.raw("scalars", {})
-    if not isinstance(scalars_raw, Mapping):
-        raise InvalidArgument("expected an object of numbers", field=f.field("scalars"))
-    scalars = []
-    for name, value in sorted(scalars_raw.items()):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise InvalidArgument(f"expected a number, got {value!r}", field=f"{f.field('scalars')}.{name}")
-        scalars.append((str(name), float(value)))
-    sample_id = SampleId(f.str("sample_id", trajectory_id))
-    source = SourceName(f.str("source", "default"))
-    rollout_step = f.int("rollout_step", 0)
-    num_loss_tokens = f.int("num_loss_tokens", max(num_tokens, 0))
-    accepted = f.bool("accepted", True)
-    finished_at = f.float("finished_at", 0.0)
-    return within(
-        path,
-        lambda: TrajectoryMeta(
-            trajectory_id=TrajectoryId(trajectory_id),
-            sample_id=sample_id,
-            source=source,
-            rollout_step=rollout_step,
-            num_tokens=num_tokens,
-            num_loss_tokens=num_loss_tokens,
-            segments=tuple(segments),
-            units=tuple(units),
-            multimodal=tuple(multimodal),
-            accepted=accepted,
-            scalars=tuple(scalars),
-            finished_at=finished_at,
-        ),
-    )
-
-
-def _topology_to_json_dict(topology: Topology) -> dict[str, Any]:
-    data = asdict(topology)
-    data["encoders"] = list(data["encoders"])
-    return data
-
-
-def topology_from_json_dict(data: Any, path: str = "topology") -> Topology:
-    """A topology from its JSON/YAML mapping, with the config loader's strict key checks."""
-    return within(path, lambda: build(Topology, data))
-
-
 def plan_from_json_dict(data: Any) -> Plan:
     """Parse and :meth:`~knittrans.plan.Plan.validate` the JSON form of a plan."""
     plan = _plan_from_json_dict(data)
@@ -382,7 +120,7 @@ def plan_from_json_dict(data: Any) -> Plan:
 
 
 def _plan_from_json_dict(data: Any) -> Plan:
-    f = _Fields(
+    f = Fields(
         data,
         "",
         (
@@ -412,7 +150,7 @@ def _plan_from_json_dict(data: Any) -> Plan:
     encodings = f.list("encodings")
     source_trajectory, source_reference = [], []
     for i, raw in enumerate(encodings):
-        e = _Fields(raw, f"encodings[{i}]", ("key", "encoder", "cost", "source"))
+        e = Fields(raw, f"encodings[{i}]", ("key", "encoder", "cost", "source"))
         source = e.ints("source")
         if len(source) != 2:
             raise InvalidArgument("expected [trajectory, reference]", field=e.field("source"))
@@ -430,7 +168,7 @@ def _plan_from_json_dict(data: Any) -> Plan:
         reference_encodings=np.array(f.ints("reference_encodings"), dtype=np.int64),
     )
     encoders = tuple(_encoder_plan_from_json_dict(raw, i) for i, raw in enumerate(f.list("encoders")))
-    r = _Fields(f.raw("route"), "route", ROUTE_COLUMNS)
+    r = Fields(f.raw("route"), "route", ROUTE_COLUMNS)
     route = RouteMap(**{name: np.array(r.ints(name), dtype=np.int64) for name in ROUTE_COLUMNS})
     quality = _quality_from_json_dict(f.raw("quality"))
     return Plan(
@@ -446,7 +184,7 @@ def _plan_from_json_dict(data: Any) -> Plan:
 
 
 def _backbone_from_json_dict(data: Any, topology: Topology) -> BackbonePlan:
-    f = _Fields(
+    f = Fields(
         data, "backbone", ("microbatches_per_rank", "minibatch_loss_tokens", "ranks", "padded_tokens", "cp_spans")
     )
     per_rank = f.int("microbatches_per_rank")
@@ -458,14 +196,14 @@ def _backbone_from_json_dict(data: Any, topology: Topology) -> BackbonePlan:
     loss: list[int] = []
     padded_claimed: list[int] = []
     for d, raw in enumerate(ranks):
-        rank = _Fields(raw, f"backbone.ranks[{d}]", ("dp_rank", "microbatches"))
+        rank = Fields(raw, f"backbone.ranks[{d}]", ("dp_rank", "microbatches"))
         if rank.int("dp_rank") != d:
             raise InvalidArgument(f"expected {d}", field=rank.field("dp_rank"))
         microbatches = rank.list("microbatches")
         if len(microbatches) != per_rank:
             raise InvalidArgument(f"expected {per_rank} micro-batches", field=rank.field("microbatches"))
         for j, mb_raw in enumerate(microbatches):
-            mb = _Fields(mb_raw, f"{rank.field('microbatches')}[{j}]", ("trajectories", "loss_tokens", "padded_tokens"))
+            mb = Fields(mb_raw, f"{rank.field('microbatches')}[{j}]", ("trajectories", "loss_tokens", "padded_tokens"))
             items.extend(mb.ints("trajectories"))
             offsets.append(len(items))
             loss.append(mb.int("loss_tokens"))
@@ -494,12 +232,12 @@ def _backbone_from_json_dict(data: Any, topology: Topology) -> BackbonePlan:
 
 
 def _encoder_plan_from_json_dict(data: Any, index: int) -> EncoderPlan:
-    f = _Fields(data, f"encoders[{index}]", ("name", "microbatches_per_rank", "ranks"))
+    f = Fields(data, f"encoders[{index}]", ("name", "microbatches_per_rank", "ranks"))
     per_rank = f.int("microbatches_per_rank")
     offsets = [0]
     ids: list[int] = []
     for d, raw in enumerate(f.list("ranks")):
-        rank = _Fields(raw, f"{f.field('ranks')}[{d}]", ("dp_rank", "microbatches"))
+        rank = Fields(raw, f"{f.field('ranks')}[{d}]", ("dp_rank", "microbatches"))
         if rank.int("dp_rank") != d:
             raise InvalidArgument(f"expected {d}", field=rank.field("dp_rank"))
         microbatches = rank.list("microbatches")
@@ -543,7 +281,7 @@ _ENCODER_QUALITY_KEYS = (
 )
 
 
-def _floats(f: _Fields, key: str) -> tuple[float, ...]:
+def _floats(f: Fields, key: str) -> tuple[float, ...]:
     values = f.list(key)
     for i, v in enumerate(values):
         if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -552,10 +290,10 @@ def _floats(f: _Fields, key: str) -> tuple[float, ...]:
 
 
 def _quality_from_json_dict(data: Any) -> PlanQuality:
-    f = _Fields(data, "quality", _QUALITY_KEYS)
+    f = Fields(data, "quality", _QUALITY_KEYS)
     encoders = []
     for i, raw in enumerate(f.list("encoders")):
-        e = _Fields(raw, f"quality.encoders[{i}]", _ENCODER_QUALITY_KEYS)
+        e = Fields(raw, f"quality.encoders[{i}]", _ENCODER_QUALITY_KEYS)
         encoders.append(
             EncoderQuality(
                 name=e.str("name"),
