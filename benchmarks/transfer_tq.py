@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,14 @@ _READY_STAMP = ".knittrans-tq-ready"
 
 class TransferQueueArmError(RuntimeError):
     """The TransferQueue venv could not be made, or the arm failed."""
+
+
+def _arm_environment() -> dict[str, str]:
+    """The arm's environment: the SDK's sources on its path, for the zigzag arithmetic transfer_workload shares
+    with the plan (knittrans.plan.geometry needs numpy only, which the venv has)."""
+    sdk = str(REPO_ROOT / "clients" / "python")
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{sdk}{os.pathsep}{path}" if path else sdk}
 
 
 def _venv_python(venv_dir: Path) -> Path:
@@ -108,7 +117,9 @@ def run_transferqueue_arms(
         logger.info("running the TransferQueue arms (%s) in %s", ",".join(layouts), venv_dir)
         try:
             # The arm's stdout (Ray and library chatter) goes to stderr, so our stdout stays pure JSON.
-            completed = subprocess.run(command, stdout=sys.stderr, timeout=timeout_s, check=False)
+            completed = subprocess.run(
+                command, stdout=sys.stderr, timeout=timeout_s, check=False, env=_arm_environment()
+            )
         except subprocess.TimeoutExpired as error:
             raise TransferQueueArmError(f"the TransferQueue arm ran past {timeout_s:.0f} s") from error
         if completed.returncode != 0 or not output.is_file():

@@ -4,9 +4,10 @@ Every arm (TransferQueue (a) and (b), KnitTrans eager and iter) must see the sam
 DP assignment, the same micro-batches, the same simulated compute and the same definition of "bytes
 uniquely needed" and "exposed transfer", so all of that lives here and nowhere else.
 
-The module needs numpy only: it is imported both from the main venv and from the separate TransferQueue
-venv (``bench-out/tq-venv``), and by the arms when they run as scripts (``python benchmarks/...py``, which
-puts ``benchmarks/`` on ``sys.path``).
+The module needs numpy and the SDK's :mod:`knittrans.plan.geometry` (the plan's zigzag arithmetic, numpy only):
+it is imported both from the main venv and from the separate TransferQueue venv (``bench-out/tq-venv``, whose
+arm ``benchmarks/transfer_tq.py`` starts with ``clients/python`` on ``PYTHONPATH``), and by the arms when they
+run as scripts (``python benchmarks/...py``, which puts ``benchmarks/`` on ``sys.path``).
 
 Definitions
 -----------
@@ -40,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from knittrans.plan.geometry import cp_read_spans, padded_lengths, zigzag_spans
 
 # Vocabulary size of the token ids (Qwen-sized); only the value range of the generated ids depends on it.
 VOCAB_SIZE = 151_936
@@ -474,20 +477,9 @@ def zigzag_token_ranges(length: int, cp: int, cp_rank: int, *, look_ahead: bool)
     _require_positive_int(cp, "cp")
     if not 0 <= cp_rank < cp:
         raise WorkloadError(f"must be in [0, {cp})", field="cp_rank")
-    padded = -(-length // (2 * cp)) * (2 * cp)
-    chunk = padded // (2 * cp)
-    ranges: list[tuple[int, int]] = []
-    for index in sorted((cp_rank, 2 * cp - 1 - cp_rank)):
-        start = index * chunk
-        end = start + chunk + (1 if look_ahead else 0)
-        start, end = min(start, length), min(end, length)
-        if start >= end:
-            continue
-        if ranges and ranges[-1][1] >= start:
-            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], end))
-        else:
-            ranges.append((start, end))
-    return tuple(ranges)
+    padded = padded_lengths(np.array([length]), 2 * cp)
+    spans = zigzag_spans(np.array([length]), padded, cp)[0, cp_rank].tolist()
+    return tuple(cp_read_spans(spans, length, look_ahead))
 
 
 # --------------------------------------------------------------------------------------------- accounting

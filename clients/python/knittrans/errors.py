@@ -7,7 +7,8 @@ exception into a status with one lookup and the client maps the status back to t
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 # The trailing-metadata key that carries the offending field of an InvalidArgument across the wire.
 FIELD_TRAILER = "knittrans-field"
@@ -36,6 +37,18 @@ class ConfigError(InvalidArgument):
 
 class TraceFormatError(InvalidArgument):
     """A line of a trace file is malformed; the message names the line and the field."""
+
+
+T = TypeVar("T")
+
+
+def within(path: str, build: Callable[[], T]) -> T:
+    """Run ``build`` and prefix the field of any :class:`InvalidArgument` with ``path``."""
+    try:
+        return build()
+    except InvalidArgument as exc:
+        field = f"{path}.{exc.field}" if exc.field else path
+        raise InvalidArgument(exc.message, field=field) from exc
 
 
 class FailedPrecondition(KnitTransError):

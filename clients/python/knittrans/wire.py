@@ -7,10 +7,9 @@ message (``trajectories[3].units[1].header.byte_length``), so callers can name t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TypeVar
 
-from knittrans.errors import InvalidArgument
+from knittrans.errors import InvalidArgument, within
 from knittrans.types import (
     BackboneTopology,
     ConsumerId,
@@ -44,15 +43,6 @@ ALIGNMENT_TO_PROTO = {
     **{a: trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{a.name}") for a in FieldAlignment},
 }
 ALIGNMENT_FROM_PROTO = {number: alignment for alignment, number in ALIGNMENT_TO_PROTO.items()}
-
-
-def within(path: str, build: Callable[[], T]) -> T:
-    """Run ``build`` and prefix the field of any :class:`InvalidArgument` with ``path``."""
-    try:
-        return build()
-    except InvalidArgument as exc:
-        field = f"{path}.{exc.field}" if exc.field else path
-        raise InvalidArgument(exc.message, field=field) from exc
 
 
 def header_to_proto(header: UnitHeader) -> trajectory_pb2.UnitHeader:

@@ -23,7 +23,7 @@ from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.ingest import IngestLimits, check_columns
 from knittrans.errors import InvalidArgument
-from knittrans.plan import ConsumerAssignment
+from knittrans.plan.proto import assignment_from_proto
 from knittrans.reorg.packing import LABELS, PackSettings, backbone_layout, fill_backbone, tensor_view
 from knittrans.reorg.reader import MicroBatchReader
 from knittrans.rollout import RolloutClient
@@ -157,7 +157,7 @@ def packed_step(model: TinyLM, store: FileUnitStore, dispatch: MiniBatchDispatch
     for dp_rank in range(topology.backbone.dp):
         for cp_rank in range(cp):
             consumer = ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=cp_rank)
-            assignment = ConsumerAssignment.from_proto(dispatch.assignment(consumer))  # what the sidecar receives
+            assignment = assignment_from_proto(dispatch.assignment(consumer))  # what the sidecar receives
             for micro in assignment.microbatches:
                 layout = backbone_layout(micro, cp=cp, settings=PACK)
                 slot = np.zeros(max(layout.used_bytes, 1), dtype=np.uint8)

@@ -1,5 +1,5 @@
 """The service builds each consumer's assignment straight from the plan's arrays; it must equal
-``plan_minibatch(...).for_consumer(c).to_proto()``, whichever form the trajectories were reported in."""
+``assignment_to_proto(plan_minibatch(...).for_consumer(c))``, whichever form the trajectories were reported in."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.plan.proto import assignment_to_proto
 from knittrans.trajectory_batch import TrajectoryColumns, batch_from_metas
 from knittrans.types import (
     BackboneTopology,
@@ -92,7 +93,7 @@ def check_equal(metas: list[TrajectoryMeta], topology: Topology, labels: tuple[s
     for dispatch in dispatches(metas, topology, labels):
         assert dispatch.minibatch_loss_tokens == plan.backbone.minibatch_loss_tokens
         for consumer in plan.consumers():
-            expected = plan.for_consumer(consumer).to_proto()
+            expected = assignment_to_proto(plan.for_consumer(consumer))
             built = dispatch.assignment(consumer)
             assert built == expected, consumer
             assert built.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)

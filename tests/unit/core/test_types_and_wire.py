@@ -106,7 +106,7 @@ def test_trajectory_round_trips_through_proto(tokens: int, step: int, accepted: 
 
 @pytest.mark.parametrize("alignment", [FieldAlignment.TOKEN, FieldAlignment.LABEL])
 def test_a_declared_alignment_travels_through_proto_and_json(alignment: FieldAlignment) -> None:
-    from knittrans.plan_json import trajectory_from_json_dict, trajectory_to_json_dict
+    from knittrans.plan.json import trajectory_from_json_dict, trajectory_to_json_dict
 
     mask = replace(token_field("loss_mask", 10, DType.UINT8), alignment=alignment)
     meta = make_meta(units=(token_field("input_ids", 10), mask))

@@ -9,8 +9,8 @@ from planning_data import image, topology, trajectory
 from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.planning.backbone import sequence_workloads
 from knittrans.admission.planning.partition import karmarkar_karp
-from knittrans.plan import BalanceScheme, ConsumerId
-from knittrans.types import EncoderTopology
+from knittrans.plan import BalanceScheme
+from knittrans.types import ConsumerId, EncoderTopology
 
 
 @pytest.mark.parametrize("dp", [2, 3, 8])

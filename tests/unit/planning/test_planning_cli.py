@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from knittrans.cli import main
-from knittrans.plan import Plan
+from knittrans.plan.json import plan_from_json, plan_to_json
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "plan"
@@ -30,7 +30,7 @@ def test_plan_command_writes_a_valid_plan(tmp_path: Path, capsys: pytest.Capture
     assert code == 0
     summary = capsys.readouterr().out
     assert "micro-batches per rank" in summary and "dedup" in summary
-    plan = Plan.from_json(out.read_text())
+    plan = plan_from_json(out.read_text())
     assert plan.num_trajectories == len((EXAMPLES / "batch.jsonl").read_text().splitlines())
     assert plan.quality.dedup_factor > 1
 
@@ -53,7 +53,7 @@ def test_plan_command_prints_json_to_stdout(capsys: pytest.CaptureFixture[str]) 
     )
     assert code == 0
     captured = capsys.readouterr()
-    plan = Plan.from_json(captured.out)
+    plan = plan_from_json(captured.out)
     assert plan.quality.references == 0
     assert "micro-batches per rank" in captured.err
 
@@ -79,7 +79,7 @@ def test_bad_topology_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_batch_lines_round_trip_through_the_plan_json() -> None:
     lines = [json.loads(line) for line in (EXAMPLES / "batch.jsonl").read_text().splitlines()]
-    plan_json = json.loads(Plan.from_json(_plan_json()).to_json())
+    plan_json = json.loads(plan_to_json(plan_from_json(_plan_json())))
     for line, stored in zip(lines, plan_json["trajectories"], strict=True):
         for key, value in line.items():
             if key not in ("units", "multimodal"):
@@ -93,7 +93,7 @@ def _plan_json() -> str:
     from knittrans.types import Topology
 
     topology = load_config(Topology, path=EXAMPLES / "topology.yaml", env={})
-    return plan_minibatch(read_batch(EXAMPLES / "batch.jsonl"), topology).to_json()
+    return plan_to_json(plan_minibatch(read_batch(EXAMPLES / "batch.jsonl"), topology))
 
 
 def _leaf_paths(value: object, path: str) -> list[str]:

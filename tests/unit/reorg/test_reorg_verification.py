@@ -9,6 +9,7 @@ import random
 import pytest
 
 from knittrans.admission.planning import plan_minibatch
+from knittrans.plan.proto import assignment_to_proto
 from knittrans.reorg.assignments import Admission, AssignmentEvent
 from knittrans.reorg.verification import first_mismatch, stored_units
 from knittrans.types import (
@@ -53,7 +54,7 @@ def events(plan, consumer: ConsumerId) -> list[AssignmentEvent]:
     part = plan.for_consumer(consumer)
     common = {"sequence": 1, "admission": Admission(), "global_loss_tokens": part.minibatch_loss_tokens,
               "consumer": consumer}
-    return [AssignmentEvent(decoded=part, **common), AssignmentEvent(message=part.to_proto(), **common)]
+    return [AssignmentEvent(decoded=part, **common), AssignmentEvent(message=assignment_to_proto(part), **common)]
 
 
 def test_every_unit_of_every_part_is_checked_once_with_its_header_size_in_either_form(plan) -> None:

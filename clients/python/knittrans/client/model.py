@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from knittrans.errors import InvalidArgument, KnitTransError
 from knittrans.plan import ConsumerAssignment
+from knittrans.plan.proto import assignment_from_proto as consumer_assignment_from_proto
 from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
 from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta, UnitReservation
 from knittrans.v1 import admission_service_pb2 as pb
@@ -211,7 +212,7 @@ def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:
         train_version=admission.train_version,
         trajectory_ids=tuple(TrajectoryId(t) for t in admission.trajectory_ids),
         global_loss_tokens=response.global_loss_tokens,
-        assignment=ConsumerAssignment.from_proto(response.assignment),
+        assignment=consumer_assignment_from_proto(response.assignment),
     )
 
 

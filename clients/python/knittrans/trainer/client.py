@@ -64,6 +64,7 @@ from knittrans.errors import (
     Unavailable,
 )
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
+from knittrans.plan.proto import assignment_from_proto, plan_from_proto
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse
 from knittrans.trainer.layout import item_offsets, packed_encoding_uses
@@ -483,8 +484,8 @@ class TrainerClient:
         return MiniBatchContext(
             sequence=response.sequence,
             global_loss_tokens=response.global_loss_tokens,
-            assignment=ConsumerAssignment.from_proto(response.assignment),
-            plan=Plan.from_proto(response.plan) if response.HasField("plan") else None,
+            assignment=assignment_from_proto(response.assignment),
+            plan=plan_from_proto(response.plan) if response.HasField("plan") else None,
             admitted_trajectory_ids=tuple(response.admission.trajectory_ids),
         )
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from knittrans.errors import InvalidArgument
 from knittrans.plan import MicroBatchAssignment
-from knittrans.trainer.descriptor import PackedEncodingUse
+from knittrans.trainer.tensors import PackedEncodingUse
 
 
 def item_offsets(mb: MicroBatchAssignment, cp: int) -> tuple[int, ...]:

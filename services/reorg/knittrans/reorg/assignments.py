@@ -35,7 +35,12 @@ from knittrans.client.connection import ConnectionSettings, error_from_rpc
 from knittrans.client.model import ConsumerFailure, ProgressStage, Registration, VerdictState
 from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
-from knittrans.plan_proto import encoding_assignment_to_proto
+from knittrans.plan.proto import (
+    assignment_from_proto,
+    assignment_to_proto,
+    encoding_assignment_to_proto,
+    plan_from_proto,
+)
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import ConsumerId, Topology
@@ -132,9 +137,9 @@ class AssignmentEvent:
             for encoding in unit.encodings:
                 encoding.ClearField("routes")
             return within(f"encoder_microbatches[{index}]",
-                          lambda: ConsumerAssignment.from_proto(single).encoder_microbatches[0])
+                          lambda: assignment_from_proto(single).encoder_microbatches[0])
         single.microbatches.append(self.message.microbatches[index])
-        return within(f"microbatches[{index}]", lambda: ConsumerAssignment.from_proto(single).microbatches[0])
+        return within(f"microbatches[{index}]", lambda: assignment_from_proto(single).microbatches[0])
 
     def encoder_input_messages(self, index: int) -> tuple[plan_pb2.EncodingAssignment, ...]:
         """Encoder micro-batch ``index``'s inputs with their routes, as messages (what descriptors carry)."""
@@ -149,13 +154,13 @@ class AssignmentEvent:
         if self.decoded is not None:
             return self.decoded
         assert self.message is not None
-        return ConsumerAssignment.from_proto(self.message)
+        return assignment_from_proto(self.message)
 
     def assignment_proto(self) -> plan_pb2.ConsumerAssignment:
         if self.message is not None:
             return self.message
         assert self.decoded is not None
-        return self.decoded.to_proto()
+        return assignment_to_proto(self.decoded)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,7 +411,7 @@ def _event_from_proto(
     plan = None
     # A service that sends the whole plan (for encoding schedules) sets an optional `plan` field.
     if "plan" in response.DESCRIPTOR.fields_by_name and response.HasField("plan"):
-        plan = Plan.from_proto(response.plan)
+        plan = plan_from_proto(response.plan)
     return AssignmentEvent(
         sequence=response.sequence,
         admission=Admission.from_proto(response.admission),

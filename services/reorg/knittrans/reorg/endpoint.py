@@ -15,6 +15,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from knittrans.errors import InvalidArgument, NotFound
+from knittrans.plan.proto import plan_to_proto
 from knittrans.reorg.assignments import AssignmentSource
 from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.ring import SharedMemoryRing
@@ -95,7 +96,7 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
             assignment=event.assignment_proto(),
         )
         if event.plan is not None:
-            response.plan.CopyFrom(event.plan.to_proto())
+            response.plan.CopyFrom(plan_to_proto(event.plan))
         return response
 
     async def GetReorgStatus(self, request: pb.GetReorgStatusRequest, context: aio.ServicerContext):

@@ -66,8 +66,8 @@ from knittrans.tensor_names import (
     SCALAR_PRESENT_PREFIX,
     SEQ_LENGTHS,
 )
-from knittrans.trainer.descriptor import PackedEncodingUse, TensorSpec, aligned, check_tensor_name
 from knittrans.trainer.layout import item_offsets, packed_encoding_uses
+from knittrans.trainer.tensors import PackedEncodingUse, TensorSpec, aligned, check_tensor_name
 from knittrans.types import ByteRange, DType, FieldAlignment, UnitKey, UnitKind, UnitRef
 
 ENCODER_INPUTS = "inputs"

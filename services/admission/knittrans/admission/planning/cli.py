@@ -21,7 +21,7 @@ from knittrans.admission.planning.planner import plan_minibatch
 from knittrans.config import load_config
 from knittrans.errors import InvalidArgument
 from knittrans.plan import DEFAULT_LABEL_FIELDS, Plan
-from knittrans.plan_json import trajectory_from_json_dict
+from knittrans.plan.json import plan_to_json, trajectory_from_json_dict
 from knittrans.types import Topology, TrajectoryMeta
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
     to_stdout = args.json is not None and str(args.json) == "-"
     write_summary(plan, sys.stderr if to_stdout else sys.stdout)
     if to_stdout:
-        sys.stdout.write(plan.to_json() + "\n")
+        sys.stdout.write(plan_to_json(plan) + "\n")
     elif args.json is not None:
-        args.json.write_text(plan.to_json() + "\n")
+        args.json.write_text(plan_to_json(plan) + "\n")
         logger.info("wrote the plan to %s", args.json)
     return 0
 

@@ -1,34 +1,35 @@
 """Each consumer's part of an admitted mini-batch, built straight from the plan's arrays as protobuf fields.
 
-:meth:`knittrans.plan.Plan.for_consumer` expands a consumer's part into typed objects that
-:meth:`~knittrans.plan.ConsumerAssignment.to_proto` then converts back into messages. On the
-report-to-assignment path that round trip (and the domain objects of every admitted trajectory it needs) costs
-more than planning itself, so the service builds the same message directly: nested ``dict`` constructor fields,
-which protobuf converts in one C call, from the :class:`~knittrans.admission.planning.PlanLayout` and the
-admitted trajectories' messages it already holds. A test keeps the two equal.
+:meth:`knittrans.plan.Plan.for_consumer` turns the one expansion of a backbone consumer's part
+(:func:`knittrans.plan.assignment.expand_backbone`) into typed objects that
+:func:`~knittrans.plan.proto.assignment_to_proto` then converts into messages. On the report-to-assignment path
+that round trip (and the domain objects of every admitted trajectory it needs) costs more than planning itself,
+so the service turns the same expansion straight into nested ``dict`` constructor fields, which protobuf
+converts in one C call, from the :class:`~knittrans.admission.planning.PlanLayout` and the admitted
+trajectories' messages it already holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
-from knittrans.plan import merge_spans
+from knittrans.plan.assignment import ROUTE_LISTS, AssignmentSource, ItemLayout, UnitRead, expand_backbone
 from knittrans.trajectory_batch import HeaderColumns, TrajectoryColumns, gather_index
 from knittrans.types import BACKBONE_ROLE, ConsumerId, DType, Topology, UnitKind
 from knittrans.v1 import plan_pb2, trajectory_pb2
 
-_TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
-_FIELD = trajectory_pb2.UNIT_KIND_FIELD
 _TOKEN_ALIGNED = trajectory_pb2.FIELD_ALIGNMENT_TOKEN
 _ITEMSIZE_LUT = np.zeros(max(trajectory_pb2.DType.values()) + 1, dtype=np.int64)
 for _dtype in DType:
     _ITEMSIZE_LUT[trajectory_pb2.DType.Value(f"D_TYPE_{_dtype.name}")] = _dtype.itemsize
 _KIND_FROM_PROTO = {trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}"): kind for kind in UnitKind}
+_READ_LUT = np.zeros(max(_KIND_FROM_PROTO) + 1, dtype=np.int64)  # proto UnitKind number -> UnitRead
+for _number, _kind in _KIND_FROM_PROTO.items():
+    _READ_LUT[_number] = UnitRead.of(_kind)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -44,8 +45,9 @@ class MiniBatchRows:
     num_tokens: np.ndarray  # int64
     loss_tokens: np.ndarray  # int64
     unit_offsets: list[int]
-    unit_kinds: list[int]  # proto UnitKind numbers
+    unit_reads: list[int]  # UnitRead values
     unit_field_names: list[str]
+    unit_token_aligned: list[bool]
     unit_row_bytes: list[int]  # bytes per token (leading axis)
     unit_byte_lengths: list[int]
     references: ReferenceColumns
@@ -75,8 +77,8 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
             runs.append((columns, [row]))
     ids: list[str] = []
     parts: dict[str, list] = {name: [] for name in (
-        "num_tokens", "loss_tokens", "unit_counts", "unit_kinds", "unit_row_bytes", "unit_byte_lengths",
-        "ref_counts", "costs", "starts", "ends", "ref_kinds")}
+        "num_tokens", "loss_tokens", "unit_counts", "unit_reads", "unit_token_aligned", "unit_row_bytes",
+        "unit_byte_lengths", "ref_counts", "costs", "starts", "ends", "ref_kinds")}
     field_names: list[str] = []
     keys: list[str] = []
     encoders: list[str] = []
@@ -88,7 +90,9 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
         parts["loss_tokens"].append(columns.num_loss_tokens[index])
         units = gather_index(columns.unit_offsets, index)
         parts["unit_counts"].append(np.diff(columns.unit_offsets)[index])
-        parts["unit_kinds"].append(columns.unit_kinds[units])
+        kinds = columns.unit_kinds[units]
+        parts["unit_reads"].append(_READ_LUT[np.where((kinds >= 0) & (kinds < len(_READ_LUT)), kinds, 0)])
+        parts["unit_token_aligned"].append(columns.unit_alignments[units] == _TOKEN_ALIGNED)
         parts["unit_row_bytes"].append(_row_bytes(columns.unit_headers)[units])
         parts["unit_byte_lengths"].append(columns.unit_headers.byte_lengths[units])
         names = columns.unit_field_names
@@ -115,8 +119,9 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
         loss_tokens=joined["loss_tokens"].astype(np.int64),
         # Tuples: the collector stops tracking them, and a mini-batch is kept until its consumers are done.
         unit_offsets=tuple(np.concatenate([[0], np.cumsum(joined["unit_counts"])]).astype(np.int64).tolist()),
-        unit_kinds=tuple(joined["unit_kinds"].tolist()),
+        unit_reads=tuple(joined["unit_reads"].tolist()),
         unit_field_names=tuple(field_names),
+        unit_token_aligned=tuple(joined["unit_token_aligned"].tolist()),
         unit_row_bytes=tuple(joined["unit_row_bytes"].tolist()),
         unit_byte_lengths=tuple(joined["unit_byte_lengths"].tolist()),
         references=ReferenceColumns(
@@ -150,28 +155,31 @@ class _Lists:
     """The plan's arrays as Python lists, for one consumer's build (indexing numpy one value at a time is slow;
     they are not kept, so a mini-batch waiting for its consumers holds no containers for the collector)."""
 
-    def __init__(self, layout: PlanLayout, rows: MiniBatchRows) -> None:
+    def __init__(self, layout: PlanLayout, rows: MiniBatchRows, topology: Topology, label_fields: frozenset[str]):
         b = layout.backbone
-        self.offsets = b.microbatch_offsets.tolist()
-        self.items = b.microbatch_items.tolist()
-        self.padded_tokens = b.padded_tokens.tolist()
-        self.cp_spans = b.cp_spans.tolist()
-        self.loss = b.microbatch_loss_tokens.tolist()
         route = layout.route
         self.route = {name: getattr(route, name).tolist() for name in
                       ("encodings", "references", "dp_ranks", "cp_ranks", "tp_ranks", "microbatches", "starts", "ends")}
         self.reference_trajectories = rows.references.trajectories.tolist()
         self.reference_starts = rows.references.starts.tolist()
-
-    @cached_property
-    def route_by_trajectory(self) -> list[list[int]]:
-        """Per trajectory, its route rows of TP rank 0 (in route order)."""
-        trajectories = self.reference_trajectories
-        by_trajectory: list[list[int]] = [[] for _ in self.padded_tokens]
-        for row, (reference, tp_rank) in enumerate(zip(self.route["references"], self.route["tp_ranks"], strict=True)):
-            if tp_rank == 0:
-                by_trajectory[trajectories[reference]].append(row)
-        return by_trajectory
+        self.source = AssignmentSource(
+            cp=topology.backbone.cp,
+            label_fields=label_fields,
+            microbatches_per_rank=b.microbatches_per_rank,
+            microbatch_offsets=b.microbatch_offsets.tolist(),
+            microbatch_items=b.microbatch_items.tolist(),
+            microbatch_loss_tokens=b.microbatch_loss_tokens.tolist(),
+            num_tokens=rows.num_tokens.tolist(),
+            padded_tokens=b.padded_tokens.tolist(),
+            cp_spans=b.cp_spans.tolist(),
+            unit_offsets=rows.unit_offsets,
+            unit_reads=rows.unit_reads,
+            unit_field_names=rows.unit_field_names,
+            unit_token_aligned=rows.unit_token_aligned,
+            route={name: self.route[name] for name in ROUTE_LISTS},
+            reference_trajectories=self.reference_trajectories,
+            reference_starts=self.reference_starts,
+        )
 
 
 class MiniBatchDispatch:
@@ -197,7 +205,7 @@ class MiniBatchDispatch:
 
     def assignment_fields(self, consumer: ConsumerId) -> dict:
         """``ConsumerAssignment`` constructor fields: what ``plan.for_consumer(consumer).to_proto()`` holds."""
-        lists = _Lists(self.layout, self.rows)
+        lists = _Lists(self.layout, self.rows, self.topology, self.label_fields)
         fields = {
             "consumer": {"role": consumer.role, "dp_rank": consumer.dp_rank, "cp_rank": consumer.cp_rank},
             "minibatch_loss_tokens": self.minibatch_loss_tokens,
@@ -213,81 +221,47 @@ class MiniBatchDispatch:
     # ---- backbone ------------------------------------------------------------------------------------------
 
     def _backbone_microbatches(self, lists: _Lists, dp_rank: int, cp_rank: int) -> list[dict]:
-        per_rank = self.layout.backbone.microbatches_per_rank
-        offsets, items = lists.offsets, lists.items
         return [
-            {
-                "index": j,
-                "last": j == per_rank - 1,
-                "num_loss_tokens": lists.loss[g],
-                "items": [self._item(lists, t, cp_rank) for t in items[offsets[g] : offsets[g + 1]]],
-            }
-            for j, g in ((j, dp_rank * per_rank + j) for j in range(per_rank))
+            {"index": mb.index, "last": mb.last, "num_loss_tokens": mb.num_loss_tokens,
+             "items": [self._item(item) for item in mb.items]}
+            for mb in expand_backbone(lists.source, dp_rank, cp_rank)
         ]
 
-    def _item(self, lists: _Lists, t: int, cp_rank: int) -> dict:
+    def _item(self, item: ItemLayout) -> dict:
+        """An item's ``ItemAssignment`` fields."""
         rows = self.rows
-        cp = self.topology.backbone.cp
-        padded = lists.padded_tokens[t]
-        chunk_tokens = padded // (2 * cp)
-        spans = lists.cp_spans[t][cp_rank]
-        chunks = [
-            {"chunk": c, "padded": {"start": c * chunk_tokens, "end": (c + 1) * chunk_tokens},
-             "tokens": {"start": spans[k][0], "end": spans[k][1]}}
-            for k, c in enumerate((cp_rank, 2 * cp - 1 - cp_rank))
-        ]
-        num_tokens = int(rows.num_tokens[t])
+        t = item.trajectory
         message = rows.message(t)
         units = message.units
         first = rows.unit_offsets[t]
+        row_bytes, byte_lengths = rows.unit_row_bytes, rows.unit_byte_lengths
         reads = []
-        read_spans: dict[bool, list[tuple[int, int]]] = {}  # by look-ahead: the same for every field of the item
-        for k in range(first, rows.unit_offsets[t + 1]):
-            kind = rows.unit_kinds[k]
-            if kind == _TOKEN_FIELD:
-                unit = units[k - first]
-                # As Plan.needs_look_ahead: label fields, and token-aligned fields (packed shifted by one).
-                look_ahead = rows.unit_field_names[k] in self.label_fields or unit.alignment == _TOKEN_ALIGNED
-                token_spans = read_spans.get(look_ahead)
-                if token_spans is None:
-                    extra = 1 if look_ahead else 0
-                    token_spans = read_spans[look_ahead] = merge_spans(
-                        [(s, min(e + extra, num_tokens)) for s, e in spans if e > s]
-                    )
-                width = rows.unit_row_bytes[k]
+        for k, look_ahead, token_spans in item.reads:
+            if token_spans is None:
+                reads.append({"unit": units[k - first], "byte_ranges": [{"offset": 0, "length": byte_lengths[k]}]})
+            else:
+                width = row_bytes[k]
                 reads.append({
-                    "unit": unit,
+                    "unit": units[k - first],
                     "spans": [{"start": s, "end": e} for s, e in token_spans],
                     "byte_ranges": [{"offset": s * width, "length": (e - s) * width} for s, e in token_spans],
                     "look_ahead": look_ahead,
                 })
-            elif kind == _FIELD:  # images and videos reach the backbone only as encodings
-                reads.append({"unit": units[k - first],
-                              "byte_ranges": [{"offset": 0, "length": rows.unit_byte_lengths[k]}]})
-        route = lists.route
-        starts = lists.reference_starts
         keys = rows.references.keys
-        uses = []
-        for row in lists.route_by_trajectory[t]:
-            if route["cp_ranks"][row] != cp_rank:
-                continue
-            reference = route["references"][row]
-            start = route["starts"][row]
-            uses.append({
-                "encoding_id": route["encodings"][row],
-                "key": keys[reference],
-                "positions": {"start": start, "end": route["ends"][row]},
-                "row_start": start - starts[reference],
-                "reference": reference,
-            })
-        uses.sort(key=lambda use: use["positions"]["start"])
         return {
             "trajectory_index": t,
             "trajectory": message,
-            "padded_tokens": padded,
-            "chunks": chunks,
+            "padded_tokens": item.padded_tokens,
+            "chunks": [
+                {"chunk": c, "padded": {"start": ps, "end": pe}, "tokens": {"start": ts, "end": te}}
+                for c, ps, pe, ts, te in item.chunks
+            ],
             "reads": reads,
-            "encodings": uses,
+            "encodings": [
+                {"encoding_id": e, "key": keys[r], "positions": {"start": s, "end": end}, "row_start": row_start,
+                 "reference": r}
+                for e, r, s, end, row_start in item.encodings
+            ],
         }
 
     # ---- encoders ------------------------------------------------------------------------------------------

@@ -11,25 +11,27 @@ from dataclasses import asdict
 import numpy as np
 
 from knittrans.errors import InvalidArgument
-from knittrans.plan import (
-    ROUTE_COLUMNS,
-    BackbonePlan,
-    BalanceScheme,
+from knittrans.plan.assignment import (
     ChunkSlice,
     ConsumerAssignment,
     EncoderMicroBatchAssignment,
-    EncoderPlan,
-    EncoderQuality,
     Encoding,
     EncodingAssignment,
-    EncodingTable,
     EncodingUse,
     FieldRead,
     ItemAssignment,
     MicroBatchAssignment,
+    RouteEntry,
+)
+from knittrans.plan.parts import (
+    ROUTE_COLUMNS,
+    BackbonePlan,
+    BalanceScheme,
+    EncoderPlan,
+    EncoderQuality,
+    EncodingTable,
     Plan,
     PlanQuality,
-    RouteEntry,
     RouteMap,
 )
 from knittrans.types import ByteRange, TokenSpan, TrajectoryId, UnitKey, UnitKind
@@ -108,7 +110,13 @@ def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
 
 
 def plan_from_proto(message: plan_pb2.Plan) -> Plan:
-    """A plan from its message, not yet validated: call :meth:`Plan.validate`."""
+    """Convert and :meth:`~knittrans.plan.Plan.validate` a plan message."""
+    plan = _plan_from_proto(message)
+    plan.validate()
+    return plan
+
+
+def _plan_from_proto(message: plan_pb2.Plan) -> Plan:
     topology = within("topology", lambda: topology_from_proto(message.topology))
     trajectories = tuple(
         within(f"trajectories[{i}]", lambda t=t: trajectory_from_proto(t)) for i, t in enumerate(message.trajectories)
