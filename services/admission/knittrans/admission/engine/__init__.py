@@ -56,7 +56,8 @@ Simulation
 Reading
     ``state.status()`` (:class:`EngineStatus`: quotas, per-source counts and slack, blocking reason and
     since), ``state.train_batch_index``, ``state.minibatches_admitted``, ``state.train_version``,
-    ``state.pool_size``, ``state.plan`` (:class:`Plan`: quotas τ_i, mini-batch sizes, resolved schedules).
+    ``state.pool_size``, ``state.targets`` (:class:`AdmissionTargets`: quotas τ_i, mini-batch sizes, resolved
+    schedules).
 
 Performance
     The pool is indexed per source in policy order (oldest version, ready time, id). A decision that
@@ -73,13 +74,14 @@ from knittrans.admission.engine.config import (
 from knittrans.admission.engine.decide import decide
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.entries import PoolEntries, PoolEntry
-from knittrans.admission.engine.quotas import Plan, source_quotas
+from knittrans.admission.engine.quotas import AdmissionTargets, source_quotas
 from knittrans.admission.engine.state import AdmissionState, EngineStatus, SourceStatus
 
 __all__ = [
     "DEFAULT_STARVATION_SECONDS",
     "AdmissionPolicy",
     "AdmissionState",
+    "AdmissionTargets",
     "Admit",
     "BlockingReason",
     "Decision",
@@ -88,7 +90,6 @@ __all__ = [
     "EngineConfig",
     "EngineStatus",
     "OnStarvation",
-    "Plan",
     "PoolEntries",
     "PoolEntry",
     "SourceStatus",

@@ -161,20 +161,20 @@ def replay_policy(
     """
     engine_config = dataclasses.replace(config, policy=policy)
     state = AdmissionState(engine_config, version=0)
-    plan = state.plan
-    trace.check_sources(plan.sources)
-    source_names = plan.sources
-    quotas = dict(zip(source_names, plan.quotas, strict=True))
+    targets = state.targets
+    trace.check_sources(targets.sources)
+    source_names = targets.sources
+    quotas = dict(zip(source_names, targets.quotas, strict=True))
     source_of = {name: i for i, name in enumerate(source_names)}
     records = trace.records
     index_of = trace.index_of
-    grouped = plan.admission_unit is AdmissionUnit.GROUP
+    grouped = targets.admission_unit is AdmissionUnit.GROUP
     if grouped:
         for sample_id, size in trace.sample_sizes.items():
             state.expect_group(sample_id, size)
     arrivals = trace.arrival_order
     arrival_times = [records[i].end for i in arrivals]
-    if plan.completion_quota is not None:
+    if targets.completion_quota is not None:
         schedule_times = [records[i].start for i in trace.schedule_order]
         schedule_steps = [records[i].rollout_step for i in trace.schedule_order]
     else:
