@@ -20,9 +20,9 @@ from knittrans.admission.engine.decisions import Admit, BlockingReason, Drop, Wa
 from knittrans.admission.service.journal import Journal
 from knittrans.admission.service.ledger import (
     AdmissionLedger,
+    AdmittedMiniBatch,
     Applied,
     Classified,
-    MiniBatch,
     Verdict,
     blocking_to_proto,
     failure_consumer,
@@ -199,7 +199,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 failure.reason,
             )
 
-    def _on_admitted(self, minibatch: MiniBatch, at: float) -> None:
+    def _on_admitted(self, minibatch: AdmittedMiniBatch, at: float) -> None:
         metrics = self._metrics
         metrics.admitted_minibatches.inc()
         admission = minibatch.admission
@@ -316,7 +316,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 yield self._assignment(minibatch, consumer)
                 after = minibatch.sequence
 
-    def _assignment(self, minibatch: MiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
+    def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
         return self._ledger.assignment(minibatch, consumer)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
