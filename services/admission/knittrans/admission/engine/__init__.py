@@ -31,7 +31,9 @@ Deciding
     seconds and ``version`` the trainer's current policy version. ``state.apply(decision)`` carries it
     out; apply every decision, waits included (a :class:`Wait` records when its blocking reason began).
     Call ``decide`` after every input or version change and keep applying until it returns a
-    :class:`Wait`; call it again at ``Wait.wake_at`` if that is set.
+    :class:`Wait`; call it again at ``Wait.wake_at`` if that is set. ``decisions_until_wait(state, now,
+    version)`` is that loop, written once: it yields each decision, the caller applies it (or journals, then
+    applies it) before asking for the next.
 
     - :class:`Admit` lists the trajectory ids of one mini-batch in policy order, with
       ``train_batch_index``, 0-based ``minibatch_index``, ``train_version`` and ``relaxed``.
@@ -71,7 +73,7 @@ from knittrans.admission.engine.config import (
     OnStarvation,
     StarvationAction,
 )
-from knittrans.admission.engine.decide import decide
+from knittrans.admission.engine.decide import decide, decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.entries import PoolEntries, PoolEntry
 from knittrans.admission.engine.quotas import AdmissionTargets, source_quotas
@@ -96,5 +98,6 @@ __all__ = [
     "StarvationAction",
     "Wait",
     "decide",
+    "decisions_until_wait",
     "source_quotas",
 ]

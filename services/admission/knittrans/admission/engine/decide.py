@@ -11,6 +11,8 @@ waived (``relax``) or raises :class:`StarvationError` (``fail``).
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from knittrans.admission.engine.config import StarvationAction
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.guard import deficits, plan_forced_picks
@@ -83,6 +85,27 @@ def decide(state: AdmissionState, now: float, version: int) -> Decision:
     admit = _build_admit(view, now, train_version, relaxed=True)
     assert admit is not None  # with the quotas waived, any m ready units form a candidate
     return admit
+
+
+def decisions_until_wait(
+    state: AdmissionState, now: float, version: int
+) -> Generator[Decision, tuple[float, int] | None, None]:
+    """The decisions for ``state`` until the engine waits: each decision in turn, the last one a :class:`Wait`.
+
+    The caller carries out each decision (``state.apply``, or a journal that applies it) before it asks for
+    the next one, so an async caller can await between steps; the state changes only through the caller.
+    ``next()`` decides the next one at the same ``now`` and ``version``; ``send((now, version))`` decides it at a
+    later time or policy version (a service reads its clock at every step; a colocated simulation trains,
+    and so moves both, after admitting the last mini-batch of a train batch). The errors of :func:`decide`
+    (``on_starvation: fail``, a version ahead of the train batch) end it.
+    """
+    while True:
+        decision = decide(state, now, version)
+        moved = yield decision
+        if type(decision) is Wait:
+            return
+        if moved is not None:
+            now, version = moved
 
 
 def _wait(

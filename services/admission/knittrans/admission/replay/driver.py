@@ -25,7 +25,7 @@ from knittrans.admission.engine import (
     DropReason,
     PoolEntry,
     Wait,
-    decide,
+    decisions_until_wait,
 )
 from knittrans.admission.replay.config import ReplayConfig
 from knittrans.admission.replay.progress import ProgressBar
@@ -246,30 +246,27 @@ def replay_policy(
             if progress is not None and next_arrival % _PROGRESS_EVERY == 0:
                 progress.update(next_arrival)
 
-        while True:
-            try:
-                decision = decide(state, now, version)
-            except StarvationError as exc:
-                failed = str(exc)
-                break
-            apply(decision)
-            kind = type(decision)
-            if kind is Wait:
-                if decision.wake_at is not None and decision.wake_at not in timers:
-                    heapq.heappush(timers, decision.wake_at)
-                break
-            if kind is Drop:
-                dropped[decision.reason] += len(decision.trajectory_ids)
-                continue
-            assert kind is Admit
-            trainer_free_at = max(now, trainer_free_at) + train_seconds
-            batch.record(decision, now, records, index_of, generated_version, source_of, grouped)
-            if decision.completes_train_batch:
-                finish_times.append(trainer_free_at)
-                batches.append(_finish_batch(batch, decision, source_names, quotas, trainer_free_at))
-                admitted_total += batch.trajectories
-                staleness_total += batch.staleness
-                batch = _BatchAccumulator(now, len(source_names))
+        try:
+            for decision in decisions_until_wait(state, now, version):
+                apply(decision)
+                kind = type(decision)
+                if kind is Wait:
+                    if decision.wake_at is not None and decision.wake_at not in timers:
+                        heapq.heappush(timers, decision.wake_at)
+                elif kind is Drop:
+                    dropped[decision.reason] += len(decision.trajectory_ids)
+                else:
+                    assert kind is Admit
+                    trainer_free_at = max(now, trainer_free_at) + train_seconds
+                    batch.record(decision, now, records, index_of, generated_version, source_of, grouped)
+                    if decision.completes_train_batch:
+                        finish_times.append(trainer_free_at)
+                        batches.append(_finish_batch(batch, decision, source_names, quotas, trainer_free_at))
+                        admitted_total += batch.trajectories
+                        staleness_total += batch.staleness
+                        batch = _BatchAccumulator(now, len(source_names))
+        except StarvationError as exc:
+            failed = str(exc)
 
     if progress is not None:
         progress.close()

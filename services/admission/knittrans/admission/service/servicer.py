@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 
 from grpc import aio
 
-from knittrans.admission.engine.decisions import Admit, BlockingReason, Drop, Wait
+from knittrans.admission.engine import decisions_until_wait
+from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
 from knittrans.admission.service.journal import Journal
 from knittrans.admission.service.ledger import (
     AdmissionLedger,
@@ -221,18 +222,21 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         )
 
     async def _admit_until_wait(self) -> None:
-        """Ask the engine for decisions until it waits; must hold the lock."""
+        """Carry out the engine's decisions until it waits, each journaled before it applies; must hold the lock."""
+        ledger = self._ledger
+        now = self._clock()
+        decisions = decisions_until_wait(ledger.engine, now, ledger.version)
+        moved: tuple[float, int] | None = None
         while True:
-            now = self._clock()
             try:
-                decision = self._ledger.decide(now)
+                decision = decisions.send(moved)  # on the first step, the same as next()
             except KnitTransError as exc:  # e.g. on_starvation: fail; reports stay acknowledged
                 if str(exc) != self._failure:
                     logger.error("admission stopped: %s", exc)
                 self._failure = str(exc)
                 return
             self._failure = ""
-            record = self._ledger.record_for(decision, now)
+            record = ledger.record_for(decision, now)
             if record is not None:
                 if isinstance(decision, Admit) and self._journal.keeps_records:
                     applied = await self._commit_admission(record, decision)
@@ -244,8 +248,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 self._schedule_wake(decision.wake_at)
                 self._refresh_gauges()
                 return
-            if isinstance(decision, Admit | Drop):
-                continue
+            now = self._clock()  # the journal write took time
+            moved = (now, ledger.version)
 
     def _schedule_wake(self, wake_at: float | None) -> None:
         if self._wake_handle is not None:

@@ -23,7 +23,7 @@ from knittrans.admission.engine import (
     DropReason,
     PoolEntry,
     Wait,
-    decide,
+    decisions_until_wait,
 )
 from knittrans.admission.replay.progress import ProgressBar
 from knittrans.admission.simulate.config import SimConfig
@@ -213,31 +213,37 @@ class _Run:
         self.trained += 1
 
     def _decide(self) -> None:
+        """Decide until the engine waits, or until the run has all its train batches."""
+        if len(self.steps) >= self.config.train_batches:
+            return
         state = self.state
-        while len(self.steps) < self.config.train_batches:
-            wall = self.now + self.offset
-            try:
-                decision = decide(state, wall, self.version)
-            except StarvationError as exc:
-                self.failed = str(exc)
-                return
-            state.apply(decision)
-            kind = type(decision)
-            if kind is Wait:
-                assert isinstance(decision, Wait)
-                self.last_wait = decision
-                wake = decision.wake_at
-                if wake is not None and wake not in self.wakes:
-                    self.wakes.add(wake)
-                    self.queue.push(max(self.now, wake - self.offset), WAKE)
-                return
-            if kind is Drop:
-                assert isinstance(decision, Drop)
-                if decision.reason is DropReason.STALE:
-                    self.dropped_stale += len(decision.trajectory_ids)
-                continue
-            assert isinstance(decision, Admit)
-            self._admit(decision, wall)
+        decisions = decisions_until_wait(state, self.now + self.offset, self.version)
+        try:
+            decision = next(decisions)
+            while True:
+                state.apply(decision)
+                kind = type(decision)
+                if kind is Wait:
+                    assert isinstance(decision, Wait)
+                    self.last_wait = decision
+                    wake = decision.wake_at
+                    if wake is not None and wake not in self.wakes:
+                        self.wakes.add(wake)
+                        self.queue.push(max(self.now, wake - self.offset), WAKE)
+                    return
+                if kind is Drop:
+                    assert isinstance(decision, Drop)
+                    if decision.reason is DropReason.STALE:
+                        self.dropped_stale += len(decision.trajectory_ids)
+                else:
+                    assert isinstance(decision, Admit)
+                    self._admit(decision, decision.admitted_at)
+                    if len(self.steps) >= self.config.train_batches:
+                        return
+                # Colocated training, after the last mini-batch of a train batch, moves the clock and the version.
+                decision = decisions.send((self.now + self.offset, self.version))
+        except StarvationError as exc:
+            self.failed = str(exc)
 
     def _admit(self, admit: Admit, wall: float) -> None:
         step = self.step
