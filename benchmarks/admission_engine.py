@@ -187,8 +187,8 @@ class NaiveEngine:
 
 def baseline_admit_latency(pool_size: int, decisions: int) -> list[int]:
     state = AdmissionState(engine_config())  # only for the resolved quotas and schedules
-    plan = state.plan
-    naive = NaiveEngine(list(plan.quotas), plan.sizes, plan.source_alpha or (1.0,) * plan.num_minibatches)
+    targets = state.targets
+    naive = NaiveEngine(list(targets.quotas), targets.sizes, targets.source_alpha or (1.0,) * targets.num_minibatches)
     factory = EntryFactory(seed=pool_size)
     index = {name: i for i, name in enumerate(SOURCES)}
 

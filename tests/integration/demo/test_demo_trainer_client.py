@@ -4,9 +4,7 @@ serve planned mini-batches from a real file store; one trainer rank steps on the
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from knittrans.store.file import FileUnitStore
 from knittrans.train import schedule_from_plan
 from knittrans.trainer import TrainerClient, TrainerSettings
 from knittrans.types import BackboneTopology, ConsumerId, EncoderTopology, Topology
+from tests.loop_thread import LoopThread
 
 CONFIG = VisionLanguageConfig()
 TOPOLOGY = Topology(
@@ -43,22 +42,6 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-class LoopThread:
-    """The sidecars' event loop, in a thread; the test's own thread plays the trainer rank."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coroutine, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
 
 
 def test_steps_on_trainer_client_mini_batches_match_local_packing(tmp_path: Path) -> None:

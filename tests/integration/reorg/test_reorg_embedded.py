@@ -4,7 +4,6 @@ served on real Unix sockets) and trainer clients in threads: encoder-role sideca
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import uuid
 import zlib
@@ -26,27 +25,12 @@ from knittrans.shm import list_segments
 from knittrans.store.file import FileUnitStore
 from knittrans.trainer import DeliveryMode, TrainerClient, TrainerSettings
 from knittrans.types import BackboneTopology, ConsumerId, EncoderTopology, TokenSpan, Topology, VersionSegment
+from tests.loop_thread import LoopThread
 
 TOPOLOGY = Topology(
     backbone=BackboneTopology(dp=1, cp=2, tp=2, max_tokens_per_microbatch=300),
     encoders=(EncoderTopology(name="vision", dp=2, max_cost_per_microbatch=20),),
 )
-
-
-class LoopThread:
-    """An event loop in a thread, for the sidecars; the test's own thread plays the trainers."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coroutine, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -24,14 +24,15 @@ def config(grouped: bool = False, completion: bool = False) -> EngineConfig:
 
 
 def snapshot(state: AdmissionState) -> tuple:
-    pool = state._pool
+    view = state.decision_view
+    pool = view.pool
     return (
         state.status(),
         [queue.keys[queue.head:] for queue in pool.queues],
         sorted(pool.units.items()),
         pool.sizes, pool.total, pool.min_version,
-        list(state._filtered), state._seq, dict(state._unit_of),
-        None if state._completion is None else (dict(state._completion.completed), set(state._completion.unmet)),
+        list(view.filtered), state._seq, dict(state._unit_of),
+        None if view.completion is None else (dict(view.completion.completed), set(view.completion.unmet)),
     )
 
 

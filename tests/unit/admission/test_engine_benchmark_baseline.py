@@ -23,8 +23,8 @@ def load_benchmark() -> ModuleType:
 def test_baseline_admits_what_the_engine_admits() -> None:
     bench = load_benchmark()
     state = AdmissionState(bench.engine_config())
-    plan = state.plan
-    naive = bench.NaiveEngine(list(plan.quotas), plan.sizes, plan.source_alpha)
+    targets = state.targets
+    naive = bench.NaiveEngine(list(targets.quotas), targets.sizes, targets.source_alpha)
     engine_entries, naive_entries = bench.EntryFactory(seed=5), bench.EntryFactory(seed=5)
     source_index = {name: i for i, name in enumerate(bench.SOURCES)}
 

@@ -9,9 +9,9 @@ import pytest
 from knittrans.admission.engine import (
     DEFAULT_STARVATION_SECONDS,
     AdmissionPolicy,
+    AdmissionTargets,
     EngineConfig,
     OnStarvation,
-    Plan,
     StarvationAction,
     source_quotas,
 )
@@ -54,7 +54,7 @@ def test_the_issue_example_loads(tmp_path: Path) -> None:
     assert config.completion_quota == 0.8
     assert config.policy is AdmissionPolicy.KNITTRANS
     assert config.starvation == OnStarvation()
-    assert Plan.build(config).quotas == (62, 62, 62, 62)
+    assert AdmissionTargets.build(config).quotas == (62, 62, 62, 62)
 
 
 def test_engine_config_loads_without_replay_keys(tmp_path: Path) -> None:
@@ -168,8 +168,8 @@ def test_policies_resolve_their_schedules(policy: AdmissionPolicy, source_alpha:
         train_batch_size=8, num_minibatches=4, sources={"A": 0.5, "B": 0.5}, source_schedule=(0, 0.1, 0.5, 1),
         completion_quota=0.5, policy=policy,
     )
-    plan = Plan.build(config)
-    assert plan.source_alpha == source_alpha
-    assert plan.guard is guard
-    assert (plan.mirror is not None) is (policy is AdmissionPolicy.LINEAR)
-    assert (plan.completion_alpha is None) is (policy is AdmissionPolicy.STREAM)
+    targets = AdmissionTargets.build(config)
+    assert targets.source_alpha == source_alpha
+    assert targets.guard is guard
+    assert (targets.mirror is not None) is (policy is AdmissionPolicy.LINEAR)
+    assert (targets.completion_alpha is None) is (policy is AdmissionPolicy.STREAM)

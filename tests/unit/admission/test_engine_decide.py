@@ -54,8 +54,10 @@ def drain(state: AdmissionState, now: float, version: int = 0) -> list[Decision]
 
 def snapshot(state: AdmissionState) -> str:
     """Everything the state holds, as text (its pool and trackers use __slots__)."""
-    parts = {k: v for k, v in vars(state).items() if k not in ("config", "plan", "_pool", "_completion")}
-    pool = state._pool
+    view = state.decision_view
+    parts = {k: v for k, v in vars(state).items() if k not in ("config", "targets", "_inputs")}
+    parts.update({k: getattr(view, k) for k in type(view).__slots__ if k not in ("targets", "pool", "completion")})
+    pool = view.pool
     parts["pool"] = ([(list(q.keys), q.head) for q in pool.queues], dict(pool.units), pool.total, pool.min_version)
     return repr(parts)
 

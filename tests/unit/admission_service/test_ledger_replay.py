@@ -99,12 +99,12 @@ def snapshot(ledger: AdmissionLedger) -> tuple:
         block, row = ledger._locate(trajectory_id)
         return block.columns.canonical_message(row).SerializeToString(deterministic=True)
 
-    pool = ledger.engine._pool
+    pool = ledger.engine.decision_view.pool
     return (
         {t: live(t) for t in ledger._rows},
         {t: ledger._digest(t) for t in sorted(ledger._digests.keys() - ledger._rows.keys())},
         ledger.index.entries(), ledger.engine.status(), [q.keys[q.head:] for q in pool.queues],
-        list(ledger.engine._filtered),
+        list(ledger.engine.decision_view.filtered),
         [(s, m.admission, m.trajectory_ids, m.owed_steps) for s, m in sorted(ledger.minibatches.items())],
         dict(ledger.acknowledged), list(ledger.pending_deletes), ledger.version, ledger.admitted_total,
     )

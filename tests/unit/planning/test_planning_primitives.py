@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knittrans.admission.planning.packing import first_fit_decreasing, split_heaviest
+from knittrans.admission.planning.bins import first_fit_decreasing, split_heaviest
 from knittrans.admission.planning.partition import karmarkar_karp
 
 

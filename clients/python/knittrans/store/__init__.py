@@ -1,28 +1,37 @@
 """Atomic-unit storage (DESIGN.md §5): the ``UnitStore`` protocol, its backends and the hierarchical index.
 
-Names are loaded on first use, so pure modules can import ``knittrans.store.arrays`` or ``.index`` without the
-backends and the config loader; backends import their heavy dependencies (Mooncake, Ray) only when opened.
+Backends import their heavy dependencies (Mooncake, Ray) only when opened.
 """
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
-    "open_store": "knittrans.store.factory",
-    "parse_store_url": "knittrans.store.factory",
-    "IndexEntry": "knittrans.store.index",
-    "UnitIndex": "knittrans.store.index",
-    "PutResult": "knittrans.store.protocol",
-    "ReadStats": "knittrans.store.protocol",
-    "ReadStatsSnapshot": "knittrans.store.protocol",
-    "UnitRead": "knittrans.store.protocol",
-    "UnitStore": "knittrans.store.protocol",
-    "UnitWrite": "knittrans.store.protocol",
-}
-__all__ = sorted(_EXPORTS)
+from knittrans.store.index import IndexEntry, UnitIndex
+from knittrans.store.protocol import PutResult, ReadStats, ReadStatsSnapshot, UnitRead, UnitStore, UnitWrite
+
+if TYPE_CHECKING:
+    from knittrans.store.factory import open_store, parse_store_url
+
+# Lazy: the factory reads store URLs and configs through the config loader (yaml), and the pure packer imports
+# knittrans.store.arrays and .buffers, which must not load it.
+_LAZY = {"open_store": "knittrans.store.factory", "parse_store_url": "knittrans.store.factory"}
+
+__all__ = [
+    "IndexEntry",
+    "PutResult",
+    "ReadStats",
+    "ReadStatsSnapshot",
+    "UnitIndex",
+    "UnitRead",
+    "UnitStore",
+    "UnitWrite",
+    "open_store",
+    "parse_store_url",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name not in _LAZY:
         raise AttributeError(f"module 'knittrans.store' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+    from importlib import import_module
+
+    return getattr(import_module(_LAZY[name]), name)

@@ -1,24 +1,47 @@
-"""Training-side helpers; multimodal encoding reuse across a mini-batch (docs/encoder-dedup.md).
+"""Training-side helpers (``knittrans.train``): multimodal encoding reuse across a mini-batch, run inside a
+training step (docs/encoder-dedup.md).
 
-Needs torch (the ``train`` extra) for everything except :mod:`knittrans.train.schedule`, which is pure;
-names are imported lazily so the schedule types stay usable without torch.
+Not to be confused with :mod:`knittrans.trainer`, the data plane's trainer client that delivers packed
+mini-batches from the reorg sidecar; this package works on what a training step already holds.
+
+Needs torch (the ``train`` extra) for everything except the schedule types (:mod:`knittrans.train.schedule`)
+and the plan adapter, which are pure and imported plainly.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
-    "BackboneMicroBatch": "knittrans.train.schedule",
-    "EncoderMicroBatch": "knittrans.train.schedule",
-    "EncodingRoute": "knittrans.train.schedule",
-    "EncodingSchedule": "knittrans.train.schedule",
-    "EncodingUse": "knittrans.train.schedule",
-    "RankSchedule": "knittrans.train.schedule",
-    "WireKind": "knittrans.train.schedule",
-    "WireLayout": "knittrans.train.schedule",
-    "schedule_from_ranks": "knittrans.train.schedule",
+from knittrans.train.plan_adapter import local_token_position, megatron_backbone_rank, schedule_from_plan
+from knittrans.train.schedule import (
+    BackboneMicroBatch,
+    EncoderMicroBatch,
+    EncodingRoute,
+    EncodingSchedule,
+    EncodingUse,
+    RankSchedule,
+    WireKind,
+    WireLayout,
+    schedule_from_ranks,
+)
+
+if TYPE_CHECKING:
+    from knittrans.train.encoder_checks import check_encoder_supported, cross_sample_state_problems
+    from knittrans.train.reuse import (
+        BackboneStep,
+        EncoderInputs,
+        EncodingReuseReport,
+        GatheredEncodings,
+        MinibatchEncodingReuse,
+        Phase,
+        train_minibatch,
+    )
+    from knittrans.train.transport import LocalTransport, ProcessGroupTransport, Transport
+
+# Lazy: these import torch, an optional dependency (the ``train`` extra); the schedule types above are used
+# without it (the trainer client derives encoding schedules with them).
+_TORCH_EXPORTS = {
     "check_encoder_supported": "knittrans.train.encoder_checks",
     "cross_sample_state_problems": "knittrans.train.encoder_checks",
     "BackboneStep": "knittrans.train.reuse",
@@ -31,9 +54,6 @@ _EXPORTS = {
     "LocalTransport": "knittrans.train.transport",
     "ProcessGroupTransport": "knittrans.train.transport",
     "Transport": "knittrans.train.transport",
-    "local_token_position": "knittrans.train.plan_adapter",
-    "megatron_backbone_rank": "knittrans.train.plan_adapter",
-    "schedule_from_plan": "knittrans.train.plan_adapter",
 }
 
 __all__ = [
@@ -65,7 +85,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _TORCH_EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'knittrans.train' has no attribute {name!r}")
     try:

@@ -1,14 +1,31 @@
-"""The trainer side of the data plane: :class:`TrainerClient` yields mini-batches of packed micro-batches that
-a node-local reorg sidecar publishes in shared memory (DESIGN.md §6).
+"""The trainer side of the data plane (``knittrans.trainer``): :class:`TrainerClient` yields mini-batches of
+packed micro-batches that a node-local reorg sidecar publishes in shared memory (DESIGN.md §6).
 
-Importing this package needs no torch; iterating micro-batches does (tensors are torch tensors). Names are
-loaded on first use, so the sidecar's pure packer can share the layout and descriptor modules without grpc.
+Not to be confused with :mod:`knittrans.train`, the training-side helpers that run inside a training step
+(multimodal encoding reuse); this package delivers the data those steps consume.
+
+Importing this package needs no torch; iterating micro-batches does (tensors are torch tensors).
 """
 
-from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
+from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse, TensorSpec
+
+if TYPE_CHECKING:
+    from knittrans.trainer.client import (
+        DeliveryMode,
+        MicroBatch,
+        MiniBatch,
+        MiniBatchContext,
+        TrainerClient,
+        TrainerSettings,
+        TrainerStats,
+    )
+    from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
+
+# Lazy: the client and the progress reporter import grpc, and the sidecar's pure packer shares this package's
+# layout and descriptor modules (importing a submodule runs this file first).
+_LAZY = {
     "DeliveryMode": "knittrans.trainer.client",
     "MicroBatch": "knittrans.trainer.client",
     "MiniBatch": "knittrans.trainer.client",
@@ -16,16 +33,28 @@ _EXPORTS = {
     "TrainerClient": "knittrans.trainer.client",
     "TrainerSettings": "knittrans.trainer.client",
     "TrainerStats": "knittrans.trainer.client",
-    "MicroBatchDescriptor": "knittrans.trainer.descriptor",
-    "PackedEncodingUse": "knittrans.trainer.descriptor",
-    "TensorSpec": "knittrans.trainer.descriptor",
     "AdmissionProgressReporter": "knittrans.trainer.progress",
     "ProgressReporter": "knittrans.trainer.progress",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AdmissionProgressReporter",
+    "DeliveryMode",
+    "MicroBatch",
+    "MicroBatchDescriptor",
+    "MiniBatch",
+    "MiniBatchContext",
+    "PackedEncodingUse",
+    "ProgressReporter",
+    "TensorSpec",
+    "TrainerClient",
+    "TrainerSettings",
+    "TrainerStats",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name not in _LAZY:
         raise AttributeError(f"module 'knittrans.trainer' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+    from importlib import import_module
+
+    return getattr(import_module(_LAZY[name]), name)

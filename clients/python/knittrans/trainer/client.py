@@ -235,11 +235,22 @@ class MiniBatchContext:
     admitted_trajectory_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, kw_only=True)
+class MiniBatchFeed:
+    """What a :class:`MiniBatch` may ask of the client that yields it; the client hands in its own methods."""
+
+    take_next_of: Callable[[int], _Staged]  # the next staged micro-batch, which must be of this sequence
+    ready_for_use: Callable[[_Staged], None]  # wait until its tensors may be read on the training stream
+    release: Callable[[_Staged], None]  # free its slot in the sidecar's ring (once; again is a no-op)
+    complete: Callable[[MiniBatch], None]  # report the mini-batch's optimizer step (once)
+    context: Callable[[int], MiniBatchContext]  # what the sidecar retains about a mini-batch
+
+
 class MiniBatch:
     """One mini-batch: iterate it once for its micro-batches, in consumption order."""
 
-    def __init__(self, client: TrainerClient, first: _Staged, rest: list[_Staged] | None = None) -> None:
-        self._client = client
+    def __init__(self, feed: MiniBatchFeed, first: _Staged, rest: list[_Staged] | None = None) -> None:
+        self._feed = feed
         self._first = first
         self._eager = rest
         self._started = False
@@ -299,7 +310,7 @@ class MiniBatch:
     @property
     def context(self) -> MiniBatchContext:
         if self._context is None:
-            self._context = self._client.minibatch_context(self.sequence)
+            self._context = self._feed.context(self.sequence)
         return self._context
 
     @property
@@ -361,26 +372,28 @@ class MiniBatch:
             while True:
                 if staged.failure is not None:  # the last of the mini-batch: nothing follows it
                     self._last_seen = staged.descriptor
-                    self._client._release(staged)
+                    self._feed.release(staged)
                     self._done = True
                     raise staged.failure
                 self._current = staged
                 self._last_seen = staged.descriptor
-                self._client._ready_for_use(staged)
+                self._feed.ready_for_use(staged)
                 yield MicroBatch(staged)
-                self._client._release(staged)
+                self._feed.release(staged)
                 self._current = None
                 if staged.descriptor.last_in_minibatch:
                     break
-                staged = self._client._take_next_of(self.sequence)
+                staged = self._feed.take_next_of(self.sequence)
             self._done = True
         finally:
             if self._current is not None:  # the loop left early: the views die with the iterator
-                self._client._release(self._current)
+                self._feed.release(self._current)
                 self._current = None
 
-    def _drain(self) -> None:
-        """Consume (and release) what the training loop did not iterate, so the next mini-batch lines up."""
+    def drain(self) -> None:
+        """Consume (and release) what the training loop did not iterate, so the next mini-batch lines up.
+
+        :meth:`TrainerClient.mini_batches` does this before it takes the next mini-batch."""
         if self._done:
             return
         if self._eager is not None:  # everything was taken (and released) before the mini-batch was yielded
@@ -394,18 +407,18 @@ class MiniBatch:
                 pass
             return
         if self._current is not None:  # the iterator is suspended on it (the loop stopped without closing it)
-            self._client._release(self._current)
+            self._feed.release(self._current)
             self._current = None
         last = self._last_seen.last_in_minibatch if self._last_seen is not None else False
         while not last:
-            staged = self._client._take_next_of(self.sequence)
-            self._client._release(staged)
+            staged = self._feed.take_next_of(self.sequence)
+            self._feed.release(staged)
             last = staged.descriptor.last_in_minibatch
         self._done = True
 
     def complete(self) -> None:
         """Report now that this mini-batch's optimizer step is done (otherwise done when the next is taken)."""
-        self._client._complete(self)
+        self._feed.complete(self)
 
 
 class TrainerClient:
@@ -428,6 +441,10 @@ class TrainerClient:
         self._in_flight: Any = None  # the pending long poll, cancelled by close()
         self._stager: Any = None
         self._iterating = False
+        self._feed = MiniBatchFeed(
+            take_next_of=self._take_next_of, ready_for_use=self._ready_for_use, release=self._release,
+            complete=self._complete, context=self.minibatch_context,
+        )
         self.stats = TrainerStats()
         self.start()
 
@@ -470,9 +487,9 @@ class TrainerClient:
                     last.waited = 0.0
                     rest.append(last)
                 self.stats.waits.append(first.waited)
-            mini = MiniBatch(self, first, rest)
+            mini = MiniBatch(self._feed, first, rest)
             yield mini
-            mini._drain()
+            mini.drain()
             self._complete(mini)
             self.stats.mini_batches += 1
 
@@ -609,7 +626,7 @@ class TrainerClient:
                 raise DeadlineExceeded(f"no micro-batch from {settings.target} for "
                                        f"{settings.wait_timeout_seconds:.1f}s", field="sidecar")
 
-    # ---- used by MiniBatch -----------------------------------------------------------------------------
+    # ---- handed to MiniBatch as its MiniBatchFeed ------------------------------------------------------
 
     def _take(self) -> _Staged | None:
         # The wait that counts is for a micro-batch that was not staged yet; taking one that was is not waiting

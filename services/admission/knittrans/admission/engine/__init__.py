@@ -31,7 +31,9 @@ Deciding
     seconds and ``version`` the trainer's current policy version. ``state.apply(decision)`` carries it
     out; apply every decision, waits included (a :class:`Wait` records when its blocking reason began).
     Call ``decide`` after every input or version change and keep applying until it returns a
-    :class:`Wait`; call it again at ``Wait.wake_at`` if that is set.
+    :class:`Wait`; call it again at ``Wait.wake_at`` if that is set. ``decisions_until_wait(state, now,
+    version)`` is that loop, written once: it yields each decision, the caller applies it (or journals, then
+    applies it) before asking for the next.
 
     - :class:`Admit` lists the trajectory ids of one mini-batch in policy order, with
       ``train_batch_index``, 0-based ``minibatch_index``, ``train_version`` and ``relaxed``.
@@ -56,7 +58,8 @@ Simulation
 Reading
     ``state.status()`` (:class:`EngineStatus`: quotas, per-source counts and slack, blocking reason and
     since), ``state.train_batch_index``, ``state.minibatches_admitted``, ``state.train_version``,
-    ``state.pool_size``, ``state.plan`` (:class:`Plan`: quotas τ_i, mini-batch sizes, resolved schedules).
+    ``state.pool_size``, ``state.targets`` (:class:`AdmissionTargets`: quotas τ_i, mini-batch sizes, resolved
+    schedules).
 
 Performance
     The pool is indexed per source in policy order (oldest version, ready time, id). A decision that
@@ -70,16 +73,17 @@ from knittrans.admission.engine.config import (
     OnStarvation,
     StarvationAction,
 )
-from knittrans.admission.engine.decide import decide
+from knittrans.admission.engine.decide import decide, decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.entries import PoolEntries, PoolEntry
-from knittrans.admission.engine.quotas import Plan, source_quotas
+from knittrans.admission.engine.quotas import AdmissionTargets, source_quotas
 from knittrans.admission.engine.state import AdmissionState, EngineStatus, SourceStatus
 
 __all__ = [
     "DEFAULT_STARVATION_SECONDS",
     "AdmissionPolicy",
     "AdmissionState",
+    "AdmissionTargets",
     "Admit",
     "BlockingReason",
     "Decision",
@@ -88,12 +92,12 @@ __all__ = [
     "EngineConfig",
     "EngineStatus",
     "OnStarvation",
-    "Plan",
     "PoolEntries",
     "PoolEntry",
     "SourceStatus",
     "StarvationAction",
     "Wait",
     "decide",
+    "decisions_until_wait",
     "source_quotas",
 ]

@@ -1,6 +1,6 @@
 """Quota arithmetic: minimum source quotas, mini-batch sizes, α schedules and progressive targets.
 
-:class:`Plan` resolves an :class:`EngineConfig` and its policy into the fixed numbers the engine checks
+:class:`AdmissionTargets` resolves an :class:`EngineConfig` and its policy into the fixed numbers the engine checks
 against, once, so that a decision only does arithmetic on counts.
 """
 
@@ -85,7 +85,7 @@ def mirror_requirements(quotas: tuple[int, ...], sizes: tuple[int, ...]) -> tupl
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class AdmissionTargets:
     """The resolved numbers for one config and policy; ``None`` schedules mean "no such predicate"."""
 
     policy: AdmissionPolicy
@@ -110,7 +110,7 @@ class Plan:
         return len(self.sizes)
 
     @classmethod
-    def build(cls, config: EngineConfig) -> Plan:
+    def build(cls, config: EngineConfig) -> AdmissionTargets:
         n = config.num_minibatches
         sizes = minibatch_sizes(config.train_batch_size, n)
         linear = linear_schedule(sizes)

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from knittrans.admission.engine.completion import CompletionTracker
 from knittrans.admission.engine.config import EngineConfig
 from knittrans.admission.engine.decisions import QUOTA_REASONS, Admit, BlockingReason, Decision, Drop, Wait
 from knittrans.admission.engine.entries import PoolEntries, PoolEntry
-from knittrans.admission.engine.pool import NO_VERSION, PooledUnit, ReadyPool
-from knittrans.admission.engine.quotas import Plan, progressive_target
+from knittrans.admission.engine.pool import NO_VERSION, PooledUnit
+from knittrans.admission.engine.quotas import AdmissionTargets, progressive_target
+from knittrans.admission.engine.view import DecisionFields, DecisionView
 from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
 from knittrans.types import AdmissionUnit, SampleId, SourceName, TrajectoryId
 
@@ -66,109 +66,94 @@ class AdmissionState:
     """The ready pool and the train batch being admitted.
 
     Read it through its properties and :meth:`status`; change it only through :meth:`add`,
-    :meth:`add_scheduled`, :meth:`expect_group` and :meth:`apply`. :func:`decide` reads the underscored
-    fields directly, for speed; nothing else should.
+    :meth:`add_scheduled`, :meth:`expect_group` and :meth:`apply`. :func:`decide` reads
+    :attr:`decision_view`, the read-only view of the fields a decision needs.
     """
 
     def __init__(self, config: EngineConfig, *, version: int = 0) -> None:
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise InvalidArgument(f"must be a non-negative integer, got {version!r}", field="version")
         self.config = config
-        self.plan = Plan.build(config)
-        self._source_index = {name: i for i, name in enumerate(self.plan.sources)}
-        num_sources = len(self.plan.sources)
-        self._pool = ReadyPool(num_sources)
-        self._grouped = self.plan.admission_unit is AdmissionUnit.GROUP
+        self.targets = AdmissionTargets.build(config)
+        # What a decision reads (pool, counts of the train batch, targets, the wait in force): decide gets it
+        # read-only through decision_view; only this class's transitions change it.
+        self._inputs = DecisionFields(self.targets, version_base=version)
+        self._source_index = {name: i for i, name in enumerate(self.targets.sources)}
+        num_sources = len(self.targets.sources)
+        self._grouped = self.targets.admission_unit is AdmissionUnit.GROUP
         # Trajectory -> its group, for the members of pending and pooled groups. Without groups a unit's id
         # is its trajectory's id, so no map is needed.
         self._unit_of: dict[TrajectoryId, str] = {}
         self._groups: dict[SampleId, _PendingGroup] = {}
         self._group_sizes: dict[SampleId, int] = {}
         self._closed_samples: set[SampleId] = set()
-        self._filtered: list[TrajectoryId] = []
-        self._completion = (
-            CompletionTracker(self.plan.completion_quota) if self.plan.completion_quota is not None else None
-        )
-        self._version_base = version
         self._seq = 0
-        # The train batch being admitted.
-        self._batch = 0
-        self._minibatch = 0
-        self._admitted = [0] * num_sources  # b_i
-        self._admitted_total = 0  # b_0
         self._carry = [0] * num_sources  # s_{i,0}
         self._carry_total = 0  # s_{0,0}
         self._carry_seq = 0  # units with a lower seq were in the pool when the train batch started
-        self._relaxed = False
-        # Targets of the next mini-batch, kept current by every transition that changes them.
-        self._units_needed = 0  # ready units the size predicate needs: max(m_t, ⌈τ_{0,t}⌉ − b₀)
-        self._source_targets: list[int] = []  # ⌈τ_{i,t}⌉; empty when the policy has no source predicates
-        # Wait details for those targets, built once per target change: a wait that repeats the wait in force
-        # (same reason, same detail object) is returned as that same object, so waiting allocates nothing.
-        self._size_detail = ""
-        self._source_details: list[str] = []
-        self._last_wait: Wait | None = None
         self._refresh_targets()
-        self._blocking = BlockingReason.NONE
-        self._blocked_since: float | None = None
-        self._starving_since: float | None = None
 
     # -- read-only views -------------------------------------------------------------------------------
 
     @property
+    def decision_view(self) -> DecisionView:
+        """The fields :func:`decide` reads, read-only; they change with every transition of this state."""
+        return self._inputs
+
+    @property
     def train_batch_index(self) -> int:
-        return self._batch
+        return self._inputs.train_batch_index
 
     @property
     def minibatches_admitted(self) -> int:
         """Mini-batches of the current train batch admitted so far (the 0-based index of the next one)."""
-        return self._minibatch
+        return self._inputs.minibatch_index
 
     @property
     def train_version(self) -> int:
         """The policy version that trains the current train batch: v₀ + its index."""
-        return self._version_base + self._batch
+        return self._inputs.version_base + self._inputs.train_batch_index
 
     @property
     def pool_size(self) -> int:
-        return self._pool.total
+        return self._inputs.pool.total
 
     @property
     def blocking(self) -> BlockingReason:
-        return self._blocking
+        return self._inputs.blocking
 
     def pool_counts(self) -> dict[SourceName, int]:
-        return dict(zip(self.plan.sources, self._pool.counts(), strict=True))
+        return dict(zip(self.targets.sources, self._inputs.pool.counts(), strict=True))
 
     def admitted_counts(self) -> dict[SourceName, int]:
-        return dict(zip(self.plan.sources, self._admitted, strict=True))
+        return dict(zip(self.targets.sources, self._inputs.admitted, strict=True))
 
     def source_targets(self) -> dict[SourceName, int]:
         """⌈τ_{i,t}⌉ per source for the next mini-batch; empty when the policy has no source predicates."""
-        return dict(zip(self.plan.sources, self._source_targets, strict=False))
+        return dict(zip(self.targets.sources, self._inputs.source_targets, strict=False))
 
     def status(self) -> EngineStatus:
-        counts = self._pool.counts()
+        counts = self._inputs.pool.counts()
         return EngineStatus(
-            train_batch_index=self._batch,
-            minibatches_admitted=self._minibatch,
-            num_minibatches=self.plan.num_minibatches,
+            train_batch_index=self._inputs.train_batch_index,
+            minibatches_admitted=self._inputs.minibatch_index,
+            num_minibatches=self.targets.num_minibatches,
             train_version=self.train_version,
-            pool_size=self._pool.total,
+            pool_size=self._inputs.pool.total,
             sources=tuple(
                 SourceStatus(source=name, quota=quota, admitted=admitted, ready=ready, target=target)
                 for name, quota, admitted, ready, target in zip(
-                    self.plan.sources,
-                    self.plan.quotas,
-                    self._admitted,
+                    self.targets.sources,
+                    self.targets.quotas,
+                    self._inputs.admitted,
                     counts,
-                    self._source_targets or [0] * len(counts),
+                    self._inputs.source_targets or [0] * len(counts),
                     strict=True,
                 )
             ),
-            blocking=self._blocking,
-            blocked_since=self._blocked_since,
-            relaxed=self._relaxed,
+            blocking=self._inputs.blocking,
+            blocked_since=self._inputs.blocked_since,
+            relaxed=self._inputs.relaxed,
         )
 
     # -- inputs ----------------------------------------------------------------------------------------
@@ -177,22 +162,22 @@ class AdmissionState:
         """Report one finished trajectory. Filtered ones are dropped by the next decision."""
         source = self._source_index.get(entry.source)
         if source is None:
-            known = ", ".join(self.plan.sources)
+            known = ", ".join(self.targets.sources)
             raise InvalidArgument(f"unknown source {entry.source!r}; configured: {known}", field="source")
         trajectory_id = entry.trajectory_id
-        if trajectory_id in self._unit_of or trajectory_id in self._pool.units:
+        if trajectory_id in self._unit_of or trajectory_id in self._inputs.pool.units:
             raise Conflict(f"trajectory {trajectory_id!r} is already in the pool", field="trajectory_id")
-        if self._completion is not None:
-            self._completion.add_completed(entry.rollout_step)
+        if self._inputs.completion is not None:
+            self._inputs.completion.add_completed(entry.rollout_step)
         if self._grouped:
             self._add_to_group(entry, source)
         elif entry.accepted:
             seq = self._seq
             self._seq = seq + 1
             key = (entry.oldest_version, entry.ready_at, trajectory_id)
-            self._pool.insert(PooledUnit(key, source, (trajectory_id,), seq))
+            self._inputs.pool.insert(PooledUnit(key, source, (trajectory_id,), seq))
         else:
-            self._filtered.append(trajectory_id)
+            self._inputs.filtered.append(trajectory_id)
 
     def add_many(self, entries: PoolEntries) -> None:
         """Report many finished trajectories at once: the same state as :meth:`add` for each, in order, but all
@@ -205,35 +190,35 @@ class AdmissionState:
         unknown = set(entries.sources).difference(source_index)
         if unknown:
             i = next(i for i, name in enumerate(entries.sources) if name in unknown)
-            known = ", ".join(self.plan.sources)
+            known = ", ".join(self.targets.sources)
             raise InvalidArgument(
                 f"unknown source {entries.sources[i]!r}; configured: {known}", field=f"sources[{i}]"
             )
         ids = entries.trajectory_ids
-        if len(set(ids)) != count or not self._pool.units.keys().isdisjoint(ids) or (
+        if len(set(ids)) != count or not self._inputs.pool.units.keys().isdisjoint(ids) or (
             self._unit_of and not self._unit_of.keys().isdisjoint(ids)
         ):
             seen: set[str] = set()
             for trajectory_id in ids:
-                if trajectory_id in seen or trajectory_id in self._unit_of or trajectory_id in self._pool.units:
+                if trajectory_id in seen or trajectory_id in self._unit_of or trajectory_id in self._inputs.pool.units:
                     raise Conflict(f"trajectory {trajectory_id!r} is already in the pool", field="trajectory_id")
                 seen.add(trajectory_id)
         if self._grouped:
             for i in range(count):
                 self.add(entries.entry(i))
             return
-        if self._completion is not None:
+        if self._inputs.completion is not None:
             completed: dict[int, int] = {}
             for step in entries.rollout_steps:
                 completed[step] = completed.get(step, 0) + 1
             for step, number in completed.items():
-                self._completion.add_completed(step, number)
+                self._inputs.completion.add_completed(step, number)
         accepted = entries.accepted
         if all(accepted):
             kept_ids, kept_sources, kept_versions = ids, entries.sources, entries.oldest_versions
         else:
             kept = [i for i, flag in enumerate(accepted) if flag]
-            self._filtered.extend(t for t, flag in zip(ids, accepted, strict=True) if not flag)
+            self._inputs.filtered.extend(t for t, flag in zip(ids, accepted, strict=True) if not flag)
             kept_ids = [ids[i] for i in kept]
             kept_sources = [entries.sources[i] for i in kept]
             kept_versions = [entries.oldest_versions[i] for i in kept]
@@ -245,7 +230,7 @@ class AdmissionState:
         units = list(map(tuple.__new__, [PooledUnit] * count,
                          zip(keys, sources, zip(kept_ids), range(seq, seq + count), strict=True)))
         self._seq = seq + count
-        self._pool.insert_many(keys, sources, units)
+        self._inputs.pool.insert_many(keys, sources, units)
 
     def add_scheduled(self, rollout_step: int, count: int = 1) -> None:
         """Declare ``count`` trajectories scheduled at ``rollout_step`` (for completion quotas)."""
@@ -253,8 +238,8 @@ class AdmissionState:
             raise InvalidArgument(f"must be a non-negative integer, got {rollout_step!r}", field="rollout_step")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise InvalidArgument(f"must be a non-negative integer, got {count!r}", field="count")
-        if self._completion is not None and count:
-            self._completion.add_scheduled(rollout_step, count)
+        if self._inputs.completion is not None and count:
+            self._inputs.completion.add_scheduled(rollout_step, count)
 
     def expect_group(self, sample_id: SampleId, size: int) -> None:
         """Declare how many trajectories ``sample_id`` has (admission unit ``group``); else ``group_size``."""
@@ -275,16 +260,17 @@ class AdmissionState:
         kind = type(decision)
         if kind is Wait:  # by far the most frequent
             assert isinstance(decision, Wait)
+            inputs = self._inputs
             reason = decision.reason
-            if reason is not self._blocking:
-                self._blocking = reason
-                self._blocked_since = decision.since
-            self._last_wait = decision
+            if reason is not inputs.blocking:
+                inputs.blocking = reason
+                inputs.blocked_since = decision.since
+            inputs.last_wait = decision
             if reason in QUOTA_REASONS:
-                if self._starving_since is None:
-                    self._starving_since = decision.since
+                if inputs.starving_since is None:
+                    inputs.starving_since = decision.since
             else:
-                self._starving_since = None
+                inputs.starving_since = None
         elif kind is Admit:
             assert isinstance(decision, Admit)
             self._apply_admit(decision)
@@ -312,12 +298,12 @@ class AdmissionState:
             pending = self._groups.get(SampleId(sample_id))
             first = group_source.setdefault(sample_id, pending.source if pending is not None else source_index)
             if first != source_index:
-                mixed = f"{self.plan.sources[first]!r} and {source!r}"
+                mixed = f"{self.targets.sources[first]!r} and {source!r}"
                 return i, "source", f"sample {sample_id!r} has trajectories from {mixed}"
             if pending is not None:
                 size = pending.size
             else:
-                size = self._group_sizes.get(SampleId(sample_id), self.plan.group_size)
+                size = self._group_sizes.get(SampleId(sample_id), self.targets.group_size)
             if size is None:
                 return i, "sample_id", f"the size of group {sample_id!r} is unknown: set group_size"
             count = reported[sample_id] = reported.get(sample_id, pending.reported if pending is not None else 0) + 1
@@ -333,7 +319,7 @@ class AdmissionState:
         if pending is None:
             if sample_id in self._closed_samples:
                 raise InvalidArgument(f"sample {sample_id!r} already has all its trajectories", field="sample_id")
-            size = self._group_sizes.get(sample_id, self.plan.group_size)
+            size = self._group_sizes.get(sample_id, self.targets.group_size)
             if size is None:
                 raise InvalidArgument(
                     f"the size of group {sample_id!r} is unknown: set group_size or call expect_group",
@@ -342,7 +328,7 @@ class AdmissionState:
             pending = self._groups[sample_id] = _PendingGroup(source, size)
         elif pending.source != source:
             raise InvalidArgument(
-                f"sample {sample_id!r} has trajectories from {self.plan.sources[pending.source]!r} and "
+                f"sample {sample_id!r} has trajectories from {self.targets.sources[pending.source]!r} and "
                 f"{entry.source!r}",
                 field="source",
             )
@@ -353,7 +339,7 @@ class AdmissionState:
             self._unit_of[entry.trajectory_id] = sample_id
             pending.oldest_version = min(pending.oldest_version, entry.oldest_version)
         else:
-            self._filtered.append(entry.trajectory_id)
+            self._inputs.filtered.append(entry.trajectory_id)
         self._close_group_if_complete(sample_id, pending)
 
     def _close_group_if_complete(self, sample_id: SampleId, pending: _PendingGroup) -> None:
@@ -365,38 +351,39 @@ class AdmissionState:
         if pending.accepted:
             members = tuple(sorted(pending.accepted))
             key = (pending.oldest_version, pending.ready_at, sample_id)
-            self._pool.insert(PooledUnit(key, pending.source, members, self._seq))
+            self._inputs.pool.insert(PooledUnit(key, pending.source, members, self._seq))
             self._seq += 1
 
     def _apply_admit(self, admit: Admit) -> None:
-        if admit.train_batch_index != self._batch or admit.minibatch_index != self._minibatch:
+        inputs = self._inputs
+        if admit.train_batch_index != inputs.train_batch_index or admit.minibatch_index != inputs.minibatch_index:
             raise FailedPrecondition(
                 f"decision for mini-batch {admit.minibatch_index} of train batch {admit.train_batch_index}, "
-                f"but the state is at mini-batch {self._minibatch} of train batch {self._batch}"
+                f"but the state is at mini-batch {inputs.minibatch_index} of train batch {inputs.train_batch_index}"
             )
-        size = self.plan.sizes[self._minibatch]
+        size = self.targets.sizes[inputs.minibatch_index]
         units = self._take_units(admit.trajectory_ids, size)
         for unit in units:
-            self._admitted[unit.source] += 1
+            inputs.admitted[unit.source] += 1
         if self._grouped:
             for unit in units:
                 for trajectory_id in unit.trajectory_ids:
                     del self._unit_of[trajectory_id]
-        self._admitted_total += size
-        self._minibatch += 1
-        self._blocking = BlockingReason.NONE
-        self._blocked_since = admit.admitted_at
-        self._last_wait = None
-        self._starving_since = None
+        inputs.admitted_total += size
+        inputs.minibatch_index += 1
+        inputs.blocking = BlockingReason.NONE
+        inputs.blocked_since = admit.admitted_at
+        inputs.last_wait = None
+        inputs.starving_since = None
         if admit.relaxed:
-            self._relaxed = True
-        if self._minibatch == self.plan.num_minibatches:
+            inputs.relaxed = True
+        if inputs.minibatch_index == self.targets.num_minibatches:
             self._start_next_train_batch()
         self._refresh_targets()
 
     def _take_units(self, trajectory_ids: tuple[TrajectoryId, ...], size: int) -> list[PooledUnit]:
         """Check, then remove, the units of these trajectories; a source's prefix goes in O(1) per unit."""
-        pool_units = self._pool.units
+        pool_units = self._inputs.pool.units
         unit_ids: list[str] = []
         for trajectory_id in trajectory_ids:
             unit_id = self._unit_of.get(trajectory_id) if self._grouped else trajectory_id
@@ -417,7 +404,7 @@ class AdmissionState:
             by_source.setdefault(unit.source, []).append(unit_id)
         if members != len(trajectory_ids):
             raise InvalidArgument("must list every trajectory of each admitted group once", field="trajectory_ids")
-        pool = self._pool
+        pool = self._inputs.pool
         # Admissions from decide list each source's units in policy order, at its head.
         if all(pool.is_prefix(source, ids) for source, ids in by_source.items()):
             return pool.take_prefixes({source: len(ids) for source, ids in by_source.items()})
@@ -425,12 +412,12 @@ class AdmissionState:
 
     def _apply_drop(self, drop: Drop) -> None:
         dropped = set(drop.trajectory_ids)
-        if self._filtered:
-            filtered = dropped.intersection(self._filtered)
+        if self._inputs.filtered:
+            filtered = dropped.intersection(self._inputs.filtered)
             if filtered:
-                self._filtered = [t for t in self._filtered if t not in filtered]
+                self._inputs.filtered = [t for t in self._inputs.filtered if t not in filtered]
                 dropped -= filtered
-        pool = self._pool
+        pool = self._inputs.pool
         unit_ids = {self._unit_of.get(t) if self._grouped else t for t in dropped}
         # Members of groups still waiting for their other trajectories are not in the pool yet.
         removed = pool.remove_all(sorted(u for u in unit_ids if u is not None and u in pool))
@@ -446,33 +433,36 @@ class AdmissionState:
             self._refresh_targets()
 
     def _refresh_targets(self) -> None:
-        plan = self.plan
-        t = self._minibatch
-        where = f"mini-batch {t + 1}/{plan.num_minibatches} of train batch {self._batch}"
-        size_target = progressive_target(self._carry_total, plan.train_batch_size, plan.size_alpha[t])
-        self._units_needed = max(plan.sizes[t], size_target - self._admitted_total)
-        self._size_detail = f"{where} needs {self._units_needed} ready units"
-        if plan.source_alpha is None:
-            self._source_targets = []
-            self._source_details = []
+        targets = self.targets
+        inputs = self._inputs
+        t = inputs.minibatch_index
+        where = f"mini-batch {t + 1}/{targets.num_minibatches} of train batch {inputs.train_batch_index}"
+        size_target = progressive_target(self._carry_total, targets.train_batch_size, targets.size_alpha[t])
+        inputs.units_needed = max(targets.sizes[t], size_target - inputs.admitted_total)
+        inputs.size_detail = f"{where} needs {inputs.units_needed} ready units"
+        if targets.source_alpha is None:
+            inputs.source_targets = []
+            inputs.source_details = []
         else:
-            alpha = plan.source_alpha[t]
-            self._source_targets = [
-                progressive_target(carry, quota, alpha) for carry, quota in zip(self._carry, plan.quotas, strict=True)
+            alpha = targets.source_alpha[t]
+            inputs.source_targets = [
+                progressive_target(carry, quota, alpha)
+                for carry, quota in zip(self._carry, targets.quotas, strict=True)
             ]
-            self._source_details = [
+            inputs.source_details = [
                 f"source {name} is below its target {target} (quota {quota}, ready plus admitted) for {where}"
-                for name, target, quota in zip(plan.sources, self._source_targets, plan.quotas, strict=True)
+                for name, target, quota in zip(targets.sources, inputs.source_targets, targets.quotas, strict=True)
             ]
 
     def _start_next_train_batch(self) -> None:
-        self._batch += 1
-        self._minibatch = 0
-        self._admitted = [0] * len(self._admitted)
-        self._admitted_total = 0
-        self._carry = self._pool.counts()
-        self._carry_total = self._pool.total
+        inputs = self._inputs
+        inputs.train_batch_index += 1
+        inputs.minibatch_index = 0
+        inputs.admitted = [0] * len(inputs.admitted)
+        inputs.admitted_total = 0
+        self._carry = inputs.pool.counts()
+        self._carry_total = inputs.pool.total
         self._carry_seq = self._seq
-        self._relaxed = False
-        if self._completion is not None:
-            self._completion.start_train_batch()
+        inputs.relaxed = False
+        if inputs.completion is not None:
+            inputs.completion.start_train_batch()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from knittrans.admission.planning.packing import (
+from knittrans.admission.planning.bins import (
     bins_to_csr,
     first_fit_decreasing,
     segment_sums,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from knittrans.admission.planning.packing import bins_to_csr, first_fit_decreasing, split_heaviest
+from knittrans.admission.planning.bins import bins_to_csr, first_fit_decreasing, split_heaviest
 from knittrans.admission.planning.partition import karmarkar_karp
 from knittrans.errors import InvalidArgument
 from knittrans.plan import EncoderPlan, EncoderQuality, RouteMap

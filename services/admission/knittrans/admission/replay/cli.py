@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
+from knittrans.admission.cli_outputs import add_output_arguments, prepare_plot, shows_progress, write_json
 from knittrans.admission.engine import AdmissionPolicy
 from knittrans.admission.replay.config import ReplayConfig
 from knittrans.admission.replay.driver import EntryCache, PolicyResult, replay_policy
@@ -61,18 +60,21 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     )
     parser.add_argument("--trace", required=True, help="JSON Lines trace, one trajectory per line")
     parser.add_argument("--config", required=True, help="replay config (YAML)")
+    add_policy_argument(parser)
+    add_output_arguments(
+        parser, plot="draw composition and admission timelines",
+        progress="bar on stderr (auto: on a terminal, for long replays)",
+    )
+    return run
+
+
+def add_policy_argument(parser: argparse.ArgumentParser) -> None:
+    """``--policy`` (repeatable), read by :func:`parse_policies`."""
     parser.add_argument(
         "--policy", action="append", metavar="POLICY",
         help=f"{', '.join(p.value for p in POLICY_ORDER)} or {ALL_POLICIES}; repeat to compare "
         "(default: the config's policy)",
     )
-    parser.add_argument("--json", metavar="OUT.json", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="OUT.png", help="draw composition and admission timelines")
-    parser.add_argument(
-        "--progress", choices=("auto", "always", "never"), default="auto",
-        help="progress bar on stderr (auto: on a terminal, for long replays)",
-    )
-    return run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     # it again and again, which would make long replays slower per trajectory.
     gc.collect()
     gc.freeze()
-    show_progress = args.progress == "always" or (
-        args.progress == "auto" and sys.stderr.isatty() and trace.num_finished >= _PROGRESS_MIN_TRAJECTORIES
+    show_progress = shows_progress(
+        args.progress, interactive=sys.stderr.isatty(), work=trace.num_finished, minimum=_PROGRESS_MIN_TRAJECTORIES
     )
     results: list[PolicyResult] = []
     entries = EntryCache(trace)
@@ -101,17 +103,12 @@ def run(args: argparse.Namespace) -> int:
         if result.failed:
             print(f"{result.policy.value} stopped: {result.failed}")
     if args.json:
-        _write_json(Path(args.json), replay_json(trace, config, results, args.trace))
-        print(f"wrote {args.json}", flush=True)
+        write_json(args.json, replay_json(trace, config, results, args.trace))
     if args.plot:
         from knittrans.admission.replay.plot import plot_replay
 
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        prepare_plot(args.plot)
         plot_replay(trace, results, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
-
-def _write_json(path: Path, document: dict) -> None:  # type: ignore[type-arg]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1) + "\n")

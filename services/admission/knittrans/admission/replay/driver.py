@@ -25,7 +25,7 @@ from knittrans.admission.engine import (
     DropReason,
     PoolEntry,
     Wait,
-    decide,
+    decisions_until_wait,
 )
 from knittrans.admission.replay.config import ReplayConfig
 from knittrans.admission.replay.progress import ProgressBar
@@ -161,20 +161,20 @@ def replay_policy(
     """
     engine_config = dataclasses.replace(config, policy=policy)
     state = AdmissionState(engine_config, version=0)
-    plan = state.plan
-    trace.check_sources(plan.sources)
-    source_names = plan.sources
-    quotas = dict(zip(source_names, plan.quotas, strict=True))
+    targets = state.targets
+    trace.check_sources(targets.sources)
+    source_names = targets.sources
+    quotas = dict(zip(source_names, targets.quotas, strict=True))
     source_of = {name: i for i, name in enumerate(source_names)}
     records = trace.records
     index_of = trace.index_of
-    grouped = plan.admission_unit is AdmissionUnit.GROUP
+    grouped = targets.admission_unit is AdmissionUnit.GROUP
     if grouped:
         for sample_id, size in trace.sample_sizes.items():
             state.expect_group(sample_id, size)
     arrivals = trace.arrival_order
     arrival_times = [records[i].end for i in arrivals]
-    if plan.completion_quota is not None:
+    if targets.completion_quota is not None:
         schedule_times = [records[i].start for i in trace.schedule_order]
         schedule_steps = [records[i].rollout_step for i in trace.schedule_order]
     else:
@@ -246,30 +246,27 @@ def replay_policy(
             if progress is not None and next_arrival % _PROGRESS_EVERY == 0:
                 progress.update(next_arrival)
 
-        while True:
-            try:
-                decision = decide(state, now, version)
-            except StarvationError as exc:
-                failed = str(exc)
-                break
-            apply(decision)
-            kind = type(decision)
-            if kind is Wait:
-                if decision.wake_at is not None and decision.wake_at not in timers:
-                    heapq.heappush(timers, decision.wake_at)
-                break
-            if kind is Drop:
-                dropped[decision.reason] += len(decision.trajectory_ids)
-                continue
-            assert kind is Admit
-            trainer_free_at = max(now, trainer_free_at) + train_seconds
-            batch.record(decision, now, records, index_of, generated_version, source_of, grouped)
-            if decision.completes_train_batch:
-                finish_times.append(trainer_free_at)
-                batches.append(_finish_batch(batch, decision, source_names, quotas, trainer_free_at))
-                admitted_total += batch.trajectories
-                staleness_total += batch.staleness
-                batch = _BatchAccumulator(now, len(source_names))
+        try:
+            for decision in decisions_until_wait(state, now, version):
+                apply(decision)
+                kind = type(decision)
+                if kind is Wait:
+                    if decision.wake_at is not None and decision.wake_at not in timers:
+                        heapq.heappush(timers, decision.wake_at)
+                elif kind is Drop:
+                    dropped[decision.reason] += len(decision.trajectory_ids)
+                else:
+                    assert kind is Admit
+                    trainer_free_at = max(now, trainer_free_at) + train_seconds
+                    batch.record(decision, now, records, index_of, generated_version, source_of, grouped)
+                    if decision.completes_train_batch:
+                        finish_times.append(trainer_free_at)
+                        batches.append(_finish_batch(batch, decision, source_names, quotas, trainer_free_at))
+                        admitted_total += batch.trajectories
+                        staleness_total += batch.staleness
+                        batch = _BatchAccumulator(now, len(source_names))
+        except StarvationError as exc:
+            failed = str(exc)
 
     if progress is not None:
         progress.close()

@@ -98,7 +98,7 @@ class LedgerSettings:
 
 
 @dataclass
-class MiniBatch:
+class AdmittedMiniBatch:
     """An admitted mini-batch, kept until every planned consumer reported its optimizer step."""
 
     sequence: int
@@ -182,10 +182,10 @@ class Classified:
 class Applied:
     """What applying one record changed, for the shell to act on (publish, delete, update metrics)."""
 
-    admitted: MiniBatch | None = None
+    admitted: AdmittedMiniBatch | None = None
     dropped: tuple[TrajectoryId, ...] = ()
     drop_reason: DropReason | None = None
-    released: MiniBatch | None = None
+    released: AdmittedMiniBatch | None = None
     freed_keys: tuple[UnitKey, ...] = ()
     changed_blocking: bool = False
     version_changed: bool = False
@@ -213,7 +213,7 @@ class AdmissionLedger:
         # Multimodal input key -> how its references describe it, while any trajectory holds the input.
         self._media: dict[str, tuple] = {}
         self.index = UnitIndex()
-        self.minibatches: dict[int, MiniBatch] = {}
+        self.minibatches: dict[int, AdmittedMiniBatch] = {}
         self.next_sequence = 1
         self.acknowledged: dict[ConsumerId, int] = dict.fromkeys(self.consumers, 0)
         self.scheduled_requests: set[str] = set()
@@ -583,7 +583,7 @@ class AdmissionLedger:
         )
         if before is not None and self._batch_below_quota(before, ids):
             self.quota_violations += 1
-        minibatch = MiniBatch(
+        minibatch = AdmittedMiniBatch(
             sequence=self.next_sequence, admission=admission, trajectory_ids=ids, owed_steps=set(self.consumers)
         )
         self.minibatches[minibatch.sequence] = minibatch
@@ -756,7 +756,7 @@ class AdmissionLedger:
             digest = self._digests[trajectory_id] = fingerprint(block.columns.canonical_message(row))
         return digest
 
-    def dispatch(self, minibatch: MiniBatch) -> MiniBatchDispatch:
+    def dispatch(self, minibatch: AdmittedMiniBatch) -> MiniBatchDispatch:
         """The mini-batch's plan: a pure function of its metadata and the topology, so never journaled."""
         if minibatch.dispatch is None:
             if any(trajectory_id not in self._rows for trajectory_id in minibatch.trajectory_ids):
@@ -774,7 +774,7 @@ class AdmissionLedger:
         return MiniBatchDispatch(gather_rows(located), self.settings.topology, self.settings.label_fields)
 
     def assignment(
-        self, minibatch: MiniBatch, consumer: ConsumerId
+        self, minibatch: AdmittedMiniBatch, consumer: ConsumerId
     ) -> admission_service_pb2.WatchAssignmentsResponse:
         """What ``consumer``'s stream carries for ``minibatch``."""
         dispatch = self.dispatch(minibatch)
@@ -809,7 +809,7 @@ class AdmissionLedger:
             return Verdict.OK, None
         return minibatch.verdict, None
 
-    def pending_after(self, after: int) -> list[MiniBatch]:
+    def pending_after(self, after: int) -> list[AdmittedMiniBatch]:
         """The mini-batches with sequence above ``after``, in order (every consumer gets every one)."""
         return [m for s, m in sorted(self.minibatches.items()) if s > after]
 

@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator, Callable
 
 from grpc import aio
 
-from knittrans.admission.engine.decisions import Admit, BlockingReason, Drop, Wait
+from knittrans.admission.engine import decisions_until_wait
+from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
 from knittrans.admission.service.journal import Journal
 from knittrans.admission.service.ledger import (
     AdmissionLedger,
+    AdmittedMiniBatch,
     Applied,
     Classified,
-    MiniBatch,
     Verdict,
     blocking_to_proto,
     failure_consumer,
@@ -200,7 +201,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 failure.reason,
             )
 
-    def _on_admitted(self, minibatch: MiniBatch, at: float) -> None:
+    def _on_admitted(self, minibatch: AdmittedMiniBatch, at: float) -> None:
         metrics = self._metrics
         metrics.admitted_minibatches.inc()
         admission = minibatch.admission
@@ -222,18 +223,21 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         )
 
     async def _admit_until_wait(self) -> None:
-        """Ask the engine for decisions until it waits; must hold the lock."""
+        """Carry out the engine's decisions until it waits, each journaled before it applies; must hold the lock."""
+        ledger = self._ledger
+        now = self._clock()
+        decisions = decisions_until_wait(ledger.engine, now, ledger.version)
+        moved: tuple[float, int] | None = None
         while True:
-            now = self._clock()
             try:
-                decision = self._ledger.decide(now)
+                decision = decisions.send(moved)  # on the first step, the same as next()
             except KnitTransError as exc:  # e.g. on_starvation: fail; reports stay acknowledged
                 if str(exc) != self._failure:
                     logger.error("admission stopped: %s", exc)
                 self._failure = str(exc)
                 return
             self._failure = ""
-            record = self._ledger.record_for(decision, now)
+            record = ledger.record_for(decision, now)
             if record is not None:
                 if isinstance(decision, Admit) and self._journal.keeps_records:
                     applied = await self._commit_admission(record, decision)
@@ -245,8 +249,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 self._schedule_wake(decision.wake_at)
                 self._refresh_gauges()
                 return
-            if isinstance(decision, Admit | Drop):
-                continue
+            now = self._clock()  # the journal write took time
+            moved = (now, ledger.version)
 
     def _schedule_wake(self, wake_at: float | None) -> None:
         if self._wake_handle is not None:
@@ -317,7 +321,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 yield self._assignment(minibatch, consumer)
                 after = minibatch.sequence
 
-    def _assignment(self, minibatch: MiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
+    def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
         return self._ledger.assignment(minibatch, consumer)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):

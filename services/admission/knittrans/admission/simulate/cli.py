@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from knittrans.admission.replay.cli import ALL_POLICIES, POLICY_ORDER, parse_policies
+from knittrans.admission.cli_outputs import add_output_arguments, prepare_plot, shows_progress, write_json
+from knittrans.admission.replay.cli import add_policy_argument, parse_policies
 from knittrans.admission.replay.progress import ProgressBar
 from knittrans.admission.replay.trace import read_trace
 from knittrans.admission.simulate.config import SimConfig
@@ -35,20 +34,14 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
         "staleness-bound drops and the architectural staleness (disaggregated minus colocated) per policy."
     )
     parser.add_argument("--config", required=True, help="simulation config (YAML); see examples/sim/")
-    parser.add_argument(
-        "--policy", action="append", metavar="POLICY",
-        help=f"{', '.join(p.value for p in POLICY_ORDER)} or {ALL_POLICIES}; repeat to compare "
-        "(default: the config's policy)",
-    )
+    add_policy_argument(parser)
     parser.add_argument("--trace", metavar="TRACE.jsonl",
                         help="draw durations (end - start) and token counts per source from a replay trace")
     parser.add_argument("--train-batches", type=int, metavar="N", help="override train_batches")
     parser.add_argument("--seed", type=int, help="override seed")
-    parser.add_argument("--json", metavar="OUT.json", help="write the results as JSON")
-    parser.add_argument("--plot", metavar="OUT.png", help="draw staleness per step and the admission timeline")
-    parser.add_argument(
-        "--progress", choices=("auto", "always", "never"), default="auto",
-        help="progress bars on stderr (auto: on a terminal, for long runs)",
+    add_output_arguments(
+        parser, plot="draw staleness per step and the admission timeline",
+        progress="bars on stderr (auto: on a terminal, for long runs)",
     )
     return run
 
@@ -63,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     )
     script = RolloutScript(config, durations)
     per_mode = config.train_batches * config.train_batch_size * config.trajectories_per_unit
-    show_progress = args.progress == "always" or (
-        args.progress == "auto" and sys.stderr.isatty() and per_mode >= _PROGRESS_MIN_TRAJECTORIES
+    show_progress = shows_progress(
+        args.progress, interactive=sys.stderr.isatty(), work=per_mode, minimum=_PROGRESS_MIN_TRAJECTORIES
     )
     results: list[PolicySimulation] = []
     for policy in policies:
@@ -87,15 +80,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{result.policy.value} ({mode.mode.value}) stopped: {mode.failed}")
     sys.stdout.flush()
     if args.json:
-        document = simulation_json(config, results, config_path=args.config, trace_path=args.trace)
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=1) + "\n")
-        print(f"wrote {args.json}", flush=True)
+        write_json(args.json, simulation_json(config, results, config_path=args.config, trace_path=args.trace))
     if args.plot:
         from knittrans.admission.simulate.plot import plot_simulation
 
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        prepare_plot(args.plot)
         plot_simulation(results, args.plot)
         print(f"wrote {args.plot}")
     return 0

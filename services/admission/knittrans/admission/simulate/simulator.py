@@ -23,7 +23,7 @@ from knittrans.admission.engine import (
     DropReason,
     PoolEntry,
     Wait,
-    decide,
+    decisions_until_wait,
 )
 from knittrans.admission.replay.progress import ProgressBar
 from knittrans.admission.simulate.config import SimConfig
@@ -66,7 +66,7 @@ class _Run:
         self.rules = rules = ModeRules.of(mode, config)
         engine_config = dataclasses.replace(config, policy=policy, max_batches_ahead=rules.max_batches_ahead)
         self.state = AdmissionState(engine_config, version=0)
-        self.plan = self.state.plan
+        self.targets = self.state.targets
         self.script = script
         self.progress = progress
         self.queue = EventQueue()
@@ -85,7 +85,7 @@ class _Run:
         self.trainer_free_at = 0.0  # wall clock (disaggregated)
         self.trained = 0
         self.steps: list[StepResult] = []
-        self.step = _StepAccumulator(len(self.plan.sources))
+        self.step = _StepAccumulator(len(self.targets.sources))
         self.staleness_counts: Counter[int] = Counter()
         self.dropped_stale = 0
         self.discarded = 0
@@ -198,7 +198,7 @@ class _Run:
             PoolEntry(
                 trajectory_id=f"t{trajectory}",
                 sample_id=f"p{prompt}",
-                source=self.plan.sources[script.sources[prompt]],
+                source=self.targets.sources[script.sources[prompt]],
                 ready_at=self.now + self.offset,
                 oldest_version=oldest_version,
                 rollout_step=prompt // script.step_prompts,
@@ -213,31 +213,37 @@ class _Run:
         self.trained += 1
 
     def _decide(self) -> None:
+        """Decide until the engine waits, or until the run has all its train batches."""
+        if len(self.steps) >= self.config.train_batches:
+            return
         state = self.state
-        while len(self.steps) < self.config.train_batches:
-            wall = self.now + self.offset
-            try:
-                decision = decide(state, wall, self.version)
-            except StarvationError as exc:
-                self.failed = str(exc)
-                return
-            state.apply(decision)
-            kind = type(decision)
-            if kind is Wait:
-                assert isinstance(decision, Wait)
-                self.last_wait = decision
-                wake = decision.wake_at
-                if wake is not None and wake not in self.wakes:
-                    self.wakes.add(wake)
-                    self.queue.push(max(self.now, wake - self.offset), WAKE)
-                return
-            if kind is Drop:
-                assert isinstance(decision, Drop)
-                if decision.reason is DropReason.STALE:
-                    self.dropped_stale += len(decision.trajectory_ids)
-                continue
-            assert isinstance(decision, Admit)
-            self._admit(decision, wall)
+        decisions = decisions_until_wait(state, self.now + self.offset, self.version)
+        try:
+            decision = next(decisions)
+            while True:
+                state.apply(decision)
+                kind = type(decision)
+                if kind is Wait:
+                    assert isinstance(decision, Wait)
+                    self.last_wait = decision
+                    wake = decision.wake_at
+                    if wake is not None and wake not in self.wakes:
+                        self.wakes.add(wake)
+                        self.queue.push(max(self.now, wake - self.offset), WAKE)
+                    return
+                if kind is Drop:
+                    assert isinstance(decision, Drop)
+                    if decision.reason is DropReason.STALE:
+                        self.dropped_stale += len(decision.trajectory_ids)
+                else:
+                    assert isinstance(decision, Admit)
+                    self._admit(decision, decision.admitted_at)
+                    if len(self.steps) >= self.config.train_batches:
+                        return
+                # Colocated training, after the last mini-batch of a train batch, moves the clock and the version.
+                decision = decisions.send((self.now + self.offset, self.version))
+        except StarvationError as exc:
+            self.failed = str(exc)
 
     def _admit(self, admit: Admit, wall: float) -> None:
         step = self.step
@@ -305,7 +311,7 @@ class _Run:
         per_step = self.script.group_size * self.script.step_prompts
         for trajectory in unfinished:
             self.finished_per_step[trajectory // per_step] += 1
-        if self.plan.admission_unit is AdmissionUnit.GROUP:
+        if self.targets.admission_unit is AdmissionUnit.GROUP:
             # A group enters the pool once all its members are reported: report the discarded ones as
             # filtered, so that the group's finished members are admitted together (or the group dropped).
             for trajectory in unfinished:
@@ -313,15 +319,15 @@ class _Run:
 
     def _finish_step(self, admit: Admit, trained_at: float) -> None:
         step = self.step
-        plan = self.plan
-        composition = dict(zip(plan.sources, step.composition, strict=True))
+        targets = self.targets
+        composition = dict(zip(targets.sources, step.composition, strict=True))
         self.steps.append(
             StepResult(
                 index=admit.train_batch_index,
                 train_version=admit.train_version,
                 admit_times=tuple(step.admit_times),
                 composition=composition,
-                quotas=dict(zip(plan.sources, plan.quotas, strict=True)),
+                quotas=dict(zip(targets.sources, targets.quotas, strict=True)),
                 trajectories=step.trajectories,
                 tokens=step.tokens,
                 token_staleness=step.token_staleness / max(step.tokens, 1),
@@ -331,7 +337,7 @@ class _Run:
                 relaxed=step.relaxed,
             )
         )
-        self.step = _StepAccumulator(len(plan.sources))
+        self.step = _StepAccumulator(len(targets.sources))
 
     def _stall_message(self) -> str:
         wait = self.last_wait
