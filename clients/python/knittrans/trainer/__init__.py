@@ -9,9 +9,10 @@ Importing this package needs no torch; iterating micro-batches does (tensors are
 
 from typing import TYPE_CHECKING, Any
 
-from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse, TensorSpec
+from knittrans.trainer.tensors import PackedEncodingUse, TensorSpec
 
 if TYPE_CHECKING:
+    from knittrans.trainer.descriptor import MicroBatchDescriptor
     from knittrans.trainer.client import (
         DeliveryMode,
         MicroBatch,
@@ -23,9 +24,10 @@ if TYPE_CHECKING:
     )
     from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 
-# Lazy: the client and the progress reporter import grpc, and the sidecar's pure packer shares this package's
-# layout and descriptor modules (importing a submodule runs this file first).
+# Lazy: the client and the progress reporter import grpc, the descriptor imports protobuf, and the sidecar's
+# pure packer shares this package's layout and tensor modules (importing a submodule runs this file first).
 _LAZY = {
+    "MicroBatchDescriptor": "knittrans.trainer.descriptor",
     "DeliveryMode": "knittrans.trainer.client",
     "MicroBatch": "knittrans.trainer.client",
     "MiniBatch": "knittrans.trainer.client",
