@@ -1,6 +1,6 @@
-"""Atomic-unit storage (DESIGN.md §5): the ``UnitStore`` protocol, its backends and the hierarchical index.
+"""Atomic-unit storage (DESIGN.md §5): the ``UnitStore`` protocol and its backends.
 
-Names are loaded on first use, so pure modules can import ``knittrans.store.arrays`` or ``.index`` without the
+Names are loaded on first use, so pure modules can import ``knittrans.store.arrays`` without the
 backends and the config loader; backends import their heavy dependencies (Mooncake, Ray) only when opened.
 """
 
@@ -10,8 +10,6 @@ from typing import Any
 _EXPORTS = {
     "open_store": "knittrans.store.factory",
     "parse_store_url": "knittrans.store.factory",
-    "IndexEntry": "knittrans.store.index",
-    "UnitIndex": "knittrans.store.index",
     "PutResult": "knittrans.store.protocol",
     "ReadStats": "knittrans.store.protocol",
     "ReadStatsSnapshot": "knittrans.store.protocol",

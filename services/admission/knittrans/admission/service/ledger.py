@@ -25,10 +25,10 @@ from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.index import CheckedEntries, UnitIndex
 from knittrans.admission.service.ingest import IngestLimits, check_columns, fingerprint, oldest_versions
 from knittrans.admission.service.schema import JobSchema, check_schema, schema_of
 from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
-from knittrans.store.index import CheckedEntries, UnitIndex
 from knittrans.trajectory_batch import TrajectoryColumns
 from knittrans.types import (
     BACKBONE_ROLE,
