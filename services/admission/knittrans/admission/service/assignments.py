@@ -17,8 +17,8 @@ from functools import cached_property
 import numpy as np
 
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
+from knittrans.admission.service.trajectory_columns import HeaderColumns, TrajectoryColumns, gather_index
 from knittrans.plan import merge_spans
-from knittrans.trajectory_batch import HeaderColumns, TrajectoryColumns, gather_index
 from knittrans.types import BACKBONE_ROLE, ConsumerId, DType, Topology, UnitKind
 from knittrans.v1 import plan_pb2, trajectory_pb2
 

@@ -6,7 +6,7 @@ consumer's acknowledged stream position. It does no I/O and reads no clock: the 
 :class:`~knittrans.v1.journal_pb2.JournalRecord` for each change, journals it, then applies it here. Recovery
 applies the journaled records in order and arrives at the same state.
 
-Reported metadata stays in the columns it was validated in (:class:`~knittrans.trajectory_batch.TrajectoryColumns`,
+Reported metadata stays in the columns it was validated in (:class:`~.trajectory_columns.TrajectoryColumns`,
 one block per applied report): a trajectory becomes a message only when it is admitted (for its consumers),
 released (for its fingerprint) or re-sent. The fingerprint that tells an identical re-send from a conflicting one
 is the digest of the trajectory's canonical message (:meth:`TrajectoryColumns.canonical_message`), so it does not
@@ -28,8 +28,8 @@ from knittrans.admission.service.assignments import MiniBatchDispatch, gather_ro
 from knittrans.admission.service.index import CheckedEntries, UnitIndex
 from knittrans.admission.service.ingest import IngestLimits, check_columns, fingerprint, oldest_versions
 from knittrans.admission.service.schema import JobSchema, check_schema, schema_of
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
-from knittrans.trajectory_batch import TrajectoryColumns
 from knittrans.types import (
     BACKBONE_ROLE,
     ENCODER_ROLE_PREFIX,

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import InvalidArgument
 from knittrans.tensor_names import field_name_problem, scalar_name_problem
-from knittrans.trajectory_batch import TrajectoryColumns
 from knittrans.v1 import trajectory_pb2
 
 _TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
