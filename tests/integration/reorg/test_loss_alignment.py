@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
-from knittrans.admission.service.ingest import IngestLimits, check_columns
+from knittrans.admission.service.ingest.rules import IngestLimits, check_columns
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import InvalidArgument
 from knittrans.plan import ConsumerAssignment

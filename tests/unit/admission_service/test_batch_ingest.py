@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knittrans.admission.service.ingest import (
+from knittrans.admission.service.ingest.rules import (
     IngestLimits,
     check_batch,
     check_columns,

@@ -12,7 +12,7 @@ for every pair of trajectories the service could ever admit together:
   marks it in ``scalar_present.<name>``.
 
 What the packer assumes about one item alone (a header's byte length matching its shape and dtype, a per-token
-field's leading axis matching the trajectory's length) is checked by :mod:`~knittrans.admission.service.ingest`.
+field's leading axis matching the trajectory's length) is checked by :mod:`~knittrans.admission.service.ingest.rules`.
 Trajectories a rollout filter rejected are released at once and never packed, so they are not held to the
 schema. Pure: the schema is derived from reported metadata only, so replaying the journal rebuilds it.
 """
