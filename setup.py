@@ -8,7 +8,7 @@ from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
 
-SOURCE_ROOTS = ("clients/python", "services/admission", "services/reorg", "demo")
+SOURCE_ROOTS = ("clients/python", "services/common", "services/admission", "services/reorg", "demo")
 
 # The SDK root holds top-level modules (knittrans.types, knittrans.errors, ...), so it is mapped too.
 packages: list[str] = ["knittrans"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_ROOTS = ("clients/python", "services/admission", "services/reorg", "demo", ".")
+SOURCE_ROOTS = ("clients/python", "services/common", "services/admission", "services/reorg", "demo", ".")
 
 logger = logging.getLogger("ab")
 

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from knittrans.admission.service.app import start_admission_service
+from knittrans.admission.service.ingest.report import classify
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings, all_consumers
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import error_from_rpc
@@ -114,8 +115,8 @@ def test_failures_and_the_schema_are_rebuilt_by_replaying_the_journal() -> None:
         assert ledger.schema == live.schema and ledger.schema is not None
         with pytest.raises(InvalidArgument) as info:  # the replayed schema still holds the job to its fields
             bad = make_meta(9)
-            ledger.classify(pb.ReportTrajectoriesRequest(trajectories=[trajectory_to_proto(
-                replace(bad, units=bad.units[:1]))]))
+            classify(pb.ReportTrajectoriesRequest(trajectories=[trajectory_to_proto(
+                replace(bad, units=bad.units[:1]))]), ledger)
         assert info.value.field == "trajectories[0].units"
 
 

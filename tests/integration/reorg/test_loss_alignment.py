@@ -21,14 +21,15 @@ from hypothesis import strategies as st
 
 from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
-from knittrans.admission.service.ingest import IngestLimits, check_columns
+from knittrans.admission.service.ingest.rules import IngestLimits, check_columns
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import InvalidArgument
 from knittrans.plan.proto import assignment_from_proto
 from knittrans.reorg.packing import LABELS, PackSettings, backbone_layout, fill_backbone, tensor_view
 from knittrans.reorg.reader import MicroBatchReader
 from knittrans.rollout import RolloutClient
 from knittrans.store.file import FileUnitStore
-from knittrans.trajectory_batch import TrajectoryColumns, batch_from_metas
+from knittrans.trajectory_batch import batch_from_metas
 from knittrans.types import BackboneTopology, ConsumerId, FieldAlignment, Topology, TrajectoryMeta, VersionSegment
 
 VOCAB = 53

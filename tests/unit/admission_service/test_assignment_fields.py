@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.plan.proto import assignment_to_proto
-from knittrans.trajectory_batch import TrajectoryColumns, batch_from_metas
+from knittrans.trajectory_batch import batch_from_metas
 from knittrans.types import (
     BackboneTopology,
     DType,

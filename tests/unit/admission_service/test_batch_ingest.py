@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knittrans.admission.service.ingest import (
+from knittrans.admission.service.ingest.rules import (
     IngestLimits,
     check_batch,
     check_columns,
@@ -18,13 +18,9 @@ from knittrans.admission.service.ingest import (
     flag_trajectories,
     oldest_versions,
 )
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns, messages_from_batch
 from knittrans.errors import InvalidArgument
-from knittrans.trajectory_batch import (
-    TrajectoryColumns,
-    batch_from_messages,
-    batch_from_metas,
-    messages_from_batch,
-)
+from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import trajectory_from_proto, trajectory_to_proto
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from knittrans.admission.service.ingest import IngestLimits, check_trajectory
+from knittrans.admission.service.ingest.rules import IngestLimits, check_trajectory
 from knittrans.errors import InvalidArgument
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import trajectory_from_proto, trusted_trajectory_from_proto

@@ -9,6 +9,7 @@ import pytest
 
 from knittrans.admission.engine import EngineConfig
 from knittrans.admission.engine.decisions import Wait
+from knittrans.admission.service.ingest.report import classify
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
 from knittrans.errors import InvalidArgument
 from knittrans.trajectory_batch import batch_from_messages
@@ -68,7 +69,7 @@ class Journaled:
 
     def report(self, messages, form: str) -> list[int]:
         self.now += 1
-        classified = self.ledger.classify(request(messages, form))
+        classified = classify(request(messages, form), self.ledger)
         if classified.accepted_rows:
             record = classified.record(self.now)
             self.records.append(record)
@@ -102,7 +103,7 @@ def snapshot(ledger: AdmissionLedger) -> tuple:
     pool = ledger.engine.decision_view.pool
     return (
         {t: live(t) for t in ledger._rows},
-        {t: ledger._digest(t) for t in sorted(ledger._digests.keys() - ledger._rows.keys())},
+        {t: ledger.fingerprint_of(t) for t in sorted(ledger._digests.keys() - ledger._rows.keys())},
         ledger.index.entries(), ledger.engine.status(), [q.keys[q.head:] for q in pool.queues],
         list(ledger.engine.decision_view.filtered),
         [(s, m.admission, m.trajectory_ids, m.owed_steps) for s, m in sorted(ledger.minibatches.items())],
@@ -133,10 +134,10 @@ def test_replaying_the_journal_rebuilds_the_live_state(keep_records: bool) -> No
     # Both still tell re-sends apart, released trajectories included, in either form.
     resend = [message(0), message(2), message(2 + 100)]
     for form in ("batch", "messages"):
-        assert [c.outcomes for c in (live.ledger.classify(request(resend, form)),
-                                     replayed.classify(request(resend, form)))] == [[DUPLICATE] * 2 + [ACCEPTED]] * 2
+        assert [c.outcomes for c in (classify(request(resend, form), live.ledger),
+                                     classify(request(resend, form), replayed))] == [[DUPLICATE] * 2 + [ACCEPTED]] * 2
         changed = [message(0, tokens=12)]
-        assert replayed.classify(request(changed, form)).outcomes == [CONFLICT]
+        assert classify(request(changed, form), replayed).outcomes == [CONFLICT]
 
 
 def test_a_report_with_both_forms_or_a_taken_key_is_refused_whole() -> None:
@@ -145,7 +146,7 @@ def test_a_report_with_both_forms_or_a_taken_key_is_refused_whole() -> None:
     both = request([message(2)], "batch")
     both.trajectories.append(message(3))
     with pytest.raises(InvalidArgument) as info:
-        driver.ledger.classify(both)
+        classify(both, driver.ledger)
     assert info.value.field == "batch"
     thief = message(4)
     thief.units[0].key = "t1/input_ids"
@@ -157,6 +158,6 @@ def test_a_report_with_both_forms_or_a_taken_key_is_refused_whole() -> None:
                        (own, "trajectories[1].multimodal[0].key")):
         for form in ("batch", "messages"):
             with pytest.raises(InvalidArgument) as info:
-                driver.ledger.classify(request([message(10), bad], form))
+                classify(request([message(10), bad], form), driver.ledger)
             assert info.value.field == field
     assert len(driver.ledger._rows) == 2

@@ -19,8 +19,8 @@ from knittrans.config import build, load_config
 from knittrans.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCE_ROOTS = [ROOT / "clients" / "python", ROOT / "services" / "admission", ROOT / "services" / "reorg",
-                ROOT / "demo"]
+SOURCE_ROOTS = [ROOT / "clients" / "python", ROOT / "services" / "common", ROOT / "services" / "admission",
+                ROOT / "services" / "reorg", ROOT / "demo"]
 LOADERS = {"load_config", "build"}
 
 

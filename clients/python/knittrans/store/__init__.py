@@ -1,11 +1,10 @@
-"""Atomic-unit storage (DESIGN.md §5): the ``UnitStore`` protocol, its backends and the hierarchical index.
+"""Atomic-unit storage (DESIGN.md §5): the ``UnitStore`` protocol and its backends.
 
 Backends import their heavy dependencies (Mooncake, Ray) only when opened.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from knittrans.store.index import IndexEntry, UnitIndex
 from knittrans.store.protocol import PutResult, ReadStats, ReadStatsSnapshot, UnitRead, UnitStore, UnitWrite
 
 if TYPE_CHECKING:
@@ -16,11 +15,9 @@ if TYPE_CHECKING:
 _LAZY = {"open_store": "knittrans.store.factory", "parse_store_url": "knittrans.store.factory"}
 
 __all__ = [
-    "IndexEntry",
     "PutResult",
     "ReadStats",
     "ReadStatsSnapshot",
-    "UnitIndex",
     "UnitRead",
     "UnitStore",
     "UnitWrite",

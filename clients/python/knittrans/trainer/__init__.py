@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from knittrans.trainer.tensors import PackedEncodingUse, TensorSpec
 
 if TYPE_CHECKING:
-    from knittrans.trainer.descriptor import MicroBatchDescriptor
     from knittrans.trainer.client import (
         DeliveryMode,
         MicroBatch,
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
         TrainerSettings,
         TrainerStats,
     )
+    from knittrans.trainer.descriptor import MicroBatchDescriptor
     from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 
 # Lazy: the client and the progress reporter import grpc, the descriptor imports protobuf, and the sidecar's

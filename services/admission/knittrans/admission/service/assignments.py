@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
+from knittrans.admission.service.trajectory_columns import HeaderColumns, TrajectoryColumns, gather_index
 from knittrans.plan.assignment import ROUTE_LISTS, AssignmentSource, ItemLayout, UnitRead, expand_backbone
-from knittrans.trajectory_batch import HeaderColumns, TrajectoryColumns, gather_index
 from knittrans.types import BACKBONE_ROLE, ConsumerId, DType, Topology, UnitKind
 from knittrans.v1 import plan_pb2, trajectory_pb2
 

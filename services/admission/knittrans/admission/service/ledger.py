@@ -6,7 +6,7 @@ consumer's acknowledged stream position. It does no I/O and reads no clock: the 
 :class:`~knittrans.v1.journal_pb2.JournalRecord` for each change, journals it, then applies it here. Recovery
 applies the journaled records in order and arrives at the same state.
 
-Reported metadata stays in the columns it was validated in (:class:`~knittrans.trajectory_batch.TrajectoryColumns`,
+Reported metadata stays in the columns it was validated in (:class:`~.trajectory_columns.TrajectoryColumns`,
 one block per applied report): a trajectory becomes a message only when it is admitted (for its consumers),
 released (for its fingerprint) or re-sent. The fingerprint that tells an identical re-send from a conflicting one
 is the digest of the trajectory's canonical message (:meth:`TrajectoryColumns.canonical_message`), so it does not
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -25,11 +25,12 @@ from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
-from knittrans.admission.service.ingest import IngestLimits, check_columns, fingerprint, oldest_versions
-from knittrans.admission.service.schema import JobSchema, check_schema, schema_of
-from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument
-from knittrans.store.index import CheckedEntries, UnitIndex
-from knittrans.trajectory_batch import TrajectoryColumns
+from knittrans.admission.service.index import UnitIndex
+from knittrans.admission.service.ingest.report import Classified, check_keys, check_media, replayed_report
+from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
+from knittrans.admission.service.schema import JobSchema, schema_of
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns
+from knittrans.errors import FailedPrecondition, InvalidArgument
 from knittrans.types import (
     BACKBONE_ROLE,
     ENCODER_ROLE_PREFIX,
@@ -39,9 +40,8 @@ from knittrans.types import (
     Topology,
     TrajectoryId,
     UnitKey,
-    check_id,
 )
-from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2, trajectory_pb2
+from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +49,8 @@ _BLOCKING_TO_PROTO = {r: admission_pb2.BlockingReason.Value(f"BLOCKING_REASON_{r
 _BLOCKING_FROM_PROTO = {number: reason for reason, number in _BLOCKING_TO_PROTO.items()}
 _DROP_TO_PROTO = {r: admission_pb2.DropReason.Value(f"DROP_REASON_{r.name}") for r in DropReason}
 _DROP_FROM_PROTO = {number: reason for reason, number in _DROP_TO_PROTO.items()}
-_ANY_VERSION = 2**63
 _BLOCK_SHIFT = 20  # a row handle is (block number << 20) | row; a report holds at most 100,000 trajectories
-_CONFLICT_REASON = "a different trajectory with this id was already acknowledged"
 RECENT_FAILURES = 16  # consumer failures GetStatus lists
-_ACCEPTED = admission_service_pb2.REPORT_OUTCOME_ACCEPTED
-_DUPLICATE = admission_service_pb2.REPORT_OUTCOME_DUPLICATE
-_CONFLICT = admission_service_pb2.REPORT_OUTCOME_CONFLICT
 
 
 def failure_consumer(failure: admission_service_pb2.ConsumerFailure) -> ConsumerId:
@@ -126,59 +121,6 @@ class _Block:
 
 
 @dataclass
-class Classified:
-    """A validated report: each trajectory's outcome, and the new trajectories that applying it adds."""
-
-    request_id: str
-    columns: TrajectoryColumns
-    batch: trajectory_pb2.TrajectoryBatch | None  # the batch as received (None for a report of messages)
-    outcomes: list[int]
-    accepted_rows: list[int]
-    oldest: list[int]
-    index_entries: CheckedEntries | None  # the accepted trajectories' keys, checked against the index
-    media: dict[str, tuple] | None = None  # signatures of multimodal inputs first seen in this report
-
-    def record(self, at: float) -> journal_pb2.JournalRecord | None:
-        """The journal record of the new trajectories, in the form they came in; None if there are none."""
-        rows = self.accepted_rows
-        if not rows:
-            return None
-        columns = self.columns
-        record = journal_pb2.JournalRecord(at=at)
-        report = record.report
-        report.request_id = self.request_id
-        # Serialising and parsing the trajectories is several times faster than copying their messages.
-        if self.batch is None:
-            for i in rows:
-                report.trajectories.add().MergeFromString(columns.messages[i].SerializeToString())
-        else:
-            batch = self.batch if len(rows) == len(columns) else columns.take(rows)
-            report.batch.MergeFromString(batch.SerializeToString())
-        return record
-
-    def counts(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for outcome in self.outcomes:
-            counts[outcome] = counts.get(outcome, 0) + 1
-        return counts
-
-    def response(self) -> admission_service_pb2.ReportTrajectoriesResponse:
-        """Per trajectory its outcome: results for a report of messages; outcomes and conflicts for a batch."""
-        ids = self.columns.trajectory_ids
-        if self.batch is None:
-            return admission_service_pb2.ReportTrajectoriesResponse(results=[
-                {"trajectory_id": trajectory_id, "outcome": outcome,
-                 "reason": _CONFLICT_REASON if outcome == _CONFLICT else ""}
-                for trajectory_id, outcome in zip(ids, self.outcomes, strict=True)
-            ])
-        conflicts = [
-            {"trajectory_id": ids[i], "outcome": outcome, "reason": _CONFLICT_REASON}
-            for i, outcome in enumerate(self.outcomes) if outcome == _CONFLICT
-        ] if _CONFLICT in self.outcomes else []
-        return admission_service_pb2.ReportTrajectoriesResponse(outcomes=self.outcomes, conflicts=conflicts)
-
-
-@dataclass
 class Applied:
     """What applying one record changed, for the shell to act on (publish, delete, update metrics)."""
 
@@ -234,190 +176,7 @@ class AdmissionLedger:
         # Sequence -> the failure that decided its verdict FAILED (kept, like failed_sequences: failures are rare).
         self.failed_verdicts: dict[int, admission_service_pb2.ConsumerFailure] = {}
 
-    # -- checking inputs (no mutation) -----------------------------------------------------------------
-
-    def classify(self, request: admission_service_pb2.ReportTrajectoriesRequest) -> Classified:
-        """Validate a report whole and sort its trajectories into accepted, duplicate and conflict."""
-        batch_form = request.HasField("batch")
-        if batch_form and len(request.trajectories):
-            raise InvalidArgument("set either trajectories or batch, not both", field="batch")
-        count = len(request.batch.trajectory_ids) if batch_form else len(request.trajectories)
-        limit = self.settings.max_report_batch
-        if count > limit:
-            raise InvalidArgument(f"{count} trajectories exceed the limit of {limit}", field="trajectories")
-        if batch_form:
-            columns = TrajectoryColumns.from_proto(request.batch)
-        else:
-            columns = TrajectoryColumns.from_messages(request.trajectories)
-        check_columns(columns, self.limits, self.version, max_batch=limit)
-        check_schema(columns, self.schema, self.settings.label_fields)
-        ids = columns.trajectory_ids
-        outcomes = [_ACCEPTED] * count
-        if self._rows.keys().isdisjoint(ids) and self._digests.keys().isdisjoint(ids):
-            accepted = list(range(count))
-        else:
-            accepted = []
-            for i, trajectory_id in enumerate(ids):
-                if trajectory_id in self._rows or trajectory_id in self._digests:
-                    same = self._digest(TrajectoryId(trajectory_id)) == fingerprint(columns.canonical_message(i))
-                    outcomes[i] = _DUPLICATE if same else _CONFLICT
-                else:
-                    accepted.append(i)
-        self._check_groups(columns, accepted)
-        if self.index.has_reservations:
-            self._check_reservations_kept(columns, accepted)
-        checked = self._check_keys(columns, accepted)
-        media = self._check_media(columns, accepted)
-        return Classified(
-            request_id=request.request_id,
-            columns=columns,
-            batch=request.batch if batch_form else None,
-            outcomes=outcomes,
-            accepted_rows=accepted,
-            oldest=oldest_versions(columns),
-            index_entries=checked,
-            media=media,
-        )
-
-    def _check_keys(self, columns: TrajectoryColumns, rows: list[int]) -> CheckedEntries | None:
-        """A unit key belongs to one trajectory, a multimodal key to one sample (within and across reports).
-
-        The index checks the new trajectories' keys a set operation at a time and keeps the result for applying
-        them; when it finds (or might find) a broken rule, the trajectories are checked in order, to name the
-        first key that breaks one (including a reference to one of the trajectory's own units)."""
-        if not rows:
-            return None
-        whole = len(rows) == len(columns)
-        units = columns.unit_offsets.tolist()
-        refs = columns.multimodal_offsets.tolist()
-
-        def pick(values: list) -> list:
-            return values if whole else [values[i] for i in rows]
-
-        # Slices of the flat key columns, one per trajectory, without a Python loop.
-        unit_keys = list(map(tuple, map(columns.unit_keys.__getitem__, map(slice, pick(units[:-1]), pick(units[1:])))))
-        media = map(columns.multimodal_keys.__getitem__, map(slice, pick(refs[:-1]), pick(refs[1:])))
-        try:
-            checked = self.index.check_many(
-                pick(columns.trajectory_ids), pick(columns.sample_ids), unit_keys,
-                list(map(tuple, map(dict.fromkeys, media))),
-            )
-        except InvalidArgument:
-            self._check_keys_in_order(columns, rows)
-            raise
-        if not checked.in_bulk:
-            self._check_keys_in_order(columns, rows)
-        return checked
-
-    def _check_reservations_kept(self, columns: TrajectoryColumns, rows: list[int]) -> None:
-        """A trajectory that reserved multimodal units must report exactly those: the report takes its
-        reservation over, and a reserved unit it did not name would otherwise be held by nobody."""
-        offsets = columns.multimodal_offsets.tolist()
-        for i in rows:
-            reserved = self.index.reservation(TrajectoryId(columns.trajectory_ids[i]))
-            if reserved is None:
-                continue
-            reported = columns.multimodal_keys[offsets[i] : offsets[i + 1]]
-            if set(reported) != set(reserved):
-                raise InvalidArgument(
-                    f"lists {sorted(set(reported))}, but the trajectory reserved {sorted(reserved)}; cancel the "
-                    "reservation to report other units", field=f"trajectories[{i}].multimodal",
-                )
-
-    def check_reservations(self, request: admission_service_pb2.ReserveUnitsRequest) -> None:
-        """Validate a reservation request whole, naming the field; changes nothing."""
-        limit = self.settings.max_report_batch
-        if len(request.reservations) > limit:
-            raise InvalidArgument(f"{len(request.reservations)} reservations exceed the limit of {limit}",
-                                  field="reservations")
-        trial = UnitIndex()  # the request's own reservations must agree with each other as well
-        for i, reservation in enumerate(request.reservations):
-            where = f"reservations[{i}]"
-            trajectory_id, sample_id = TrajectoryId(reservation.trajectory_id), SampleId(reservation.sample_id)
-            keys = [UnitKey(key) for key in reservation.multimodal_keys]
-            check_id(trajectory_id, f"{where}.trajectory_id")
-            check_id(sample_id, f"{where}.sample_id")
-            if not keys:
-                raise InvalidArgument("reserves nothing", field=f"{where}.multimodal_keys")
-            for k, key in enumerate(keys):
-                check_id(key, f"{where}.multimodal_keys[{k}]")
-            if trial.reservation(trajectory_id) is not None:
-                raise InvalidArgument("appears twice in one request", field=f"{where}.trajectory_id")
-            for index in (trial, self.index):
-                try:
-                    index.check_reservation(trajectory_id, sample_id, keys)
-                except Conflict as exc:
-                    raise InvalidArgument(exc.message, field=f"{where}.multimodal_keys") from None
-                except InvalidArgument as exc:
-                    raise InvalidArgument(f"{exc.field}: {exc.message}", field=f"{where}.multimodal_keys") from None
-            trial.reserve(trajectory_id, sample_id, keys)
-
-    def _check_groups(self, columns: TrajectoryColumns, rows: list[int]) -> None:
-        """With group admission, refuse a trajectory its group cannot take before anything is journaled."""
-        rejected = self.engine.first_rejected_addition(
-            [columns.sample_ids[i] for i in rows], [columns.sources[i] for i in rows]
-        )
-        if rejected is not None:
-            index, field, reason = rejected
-            raise InvalidArgument(reason, field=f"trajectories[{rows[index]}].{field}")
-
-    def _check_media(self, columns: TrajectoryColumns, rows: list[int]) -> dict[str, tuple]:
-        """Every reference to one multimodal input must describe it the same way (encoder, cost, placeholder
-        length, kind, content hash), within the report and against the inputs already held; otherwise the
-        mini-batch could never be planned. Returns the signatures of inputs this report adds."""
-        offsets = columns.multimodal_offsets.tolist()
-        if not rows or offsets[-1] == 0:
-            return {}
-        hashes = columns.multimodal_headers.content_hashes
-        header_index = columns.multimodal_header_index.tolist()
-        signatures = list(zip(
-            (columns.encoders[e] for e in columns.multimodal_encoder_indices.tolist()),
-            columns.multimodal_costs.tolist(),
-            (columns.placeholder_ends - columns.placeholder_starts).tolist(),
-            columns.multimodal_kinds.tolist(),
-            (hashes[h] if h >= 0 else None for h in header_index),
-            strict=True,
-        ))
-        keys = columns.multimodal_keys
-        held = self._media
-        added: dict[str, tuple] = {}
-        for i in rows:
-            for r in range(offsets[i], offsets[i + 1]):
-                key, signature = keys[r], signatures[r]
-                known = held.get(key) or added.setdefault(key, signature)
-                if known != signature:
-                    raise InvalidArgument(
-                        "describes a multimodal input differently from an earlier reference to the same key "
-                        f"(encoder, cost, placeholder length, kind, content hash): {signature} != {known}",
-                        field=f"trajectories[{i}].multimodal[{r - offsets[i]}]",
-                    )
-        return {key: signature for key, signature in added.items() if key not in held}
-
-    def _check_keys_in_order(self, columns: TrajectoryColumns, rows: list[int]) -> None:
-        owner_of = self.index.owner
-        claimed: dict[UnitKey, str] = {}
-        unit_offsets, mm_offsets = columns.unit_offsets.tolist(), columns.multimodal_offsets.tolist()
-        for i in rows:
-            trajectory_id, sample_id = columns.trajectory_ids[i], columns.sample_ids[i]
-            own = columns.unit_keys[unit_offsets[i] : unit_offsets[i + 1]]
-            for j, key in enumerate(own):
-                if owner_of(key) is not None or key in claimed:
-                    raise InvalidArgument(
-                        "is already referenced by another trajectory", field=f"trajectories[{i}].units[{j}].key"
-                    )
-                claimed[key] = trajectory_id
-            for j, key in enumerate(columns.multimodal_keys[mm_offsets[i] : mm_offsets[i + 1]]):
-                if key in own:
-                    raise InvalidArgument(
-                        "is also one of the trajectory's own units", field=f"trajectories[{i}].multimodal[{j}].key"
-                    )
-                owner = owner_of(key) or claimed.get(key)
-                if owner is not None and owner != sample_id:
-                    raise InvalidArgument(
-                        f"belongs to {owner!r}, not to sample {sample_id!r}",
-                        field=f"trajectories[{i}].multimodal[{j}].key",
-                    )
-                claimed[key] = sample_id
+    # -- checking consumers (no mutation) -------------------------------------------------------------
 
     def check_consumer(self, consumer: ConsumerId, field_prefix: str = "consumer") -> None:
         if consumer not in self._consumer_set:
@@ -469,7 +228,7 @@ class AdmissionLedger:
         has it (the live path): its validated columns are used instead of reading the record again."""
         kind = record.WhichOneof("change")
         if kind == "report":
-            return self._apply_report(record, prepared)
+            return self._add_rows(record.at, prepared if prepared is not None else replayed_report(record, self))
         handler = getattr(self, f"_apply_{kind}", None)
         if handler is None:
             raise FailedPrecondition(f"unknown journal record {kind!r}")
@@ -478,50 +237,27 @@ class AdmissionLedger:
     def apply_report(self, at: float, prepared: Classified) -> Applied:
         """Apply a classified report without building its record: what applying ``prepared.record(at)`` does
         (for a journal that keeps nothing)."""
-        return self._add_rows(
-            at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries, prepared.media
-        )
+        return self._add_rows(at, prepared)
 
-    def _apply_report(self, record: journal_pb2.JournalRecord, prepared: Classified | None) -> Applied:
-        if prepared is not None:
-            return self._add_rows(
-                record.at, prepared.columns, prepared.accepted_rows, prepared.oldest, prepared.index_entries,
-                prepared.media,
-            )
-        # Recovery: the record was validated when it was journaled; the version check no longer applies.
-        report = record.report
-        if report.HasField("batch"):
-            columns = TrajectoryColumns.from_proto(report.batch)
-        else:
-            columns = TrajectoryColumns.from_messages(report.trajectories)
-        check_columns(columns, self.limits, _ANY_VERSION, max_batch=len(columns))
-        # Replaying a report that was journaled twice is harmless.
-        rows = [i for i, t in enumerate(columns.trajectory_ids) if t not in self._rows and t not in self._digests]
-        return self._add_rows(record.at, columns, rows, oldest_versions(columns))
-
-    def _add_rows(
-        self,
-        at: float,
-        columns: TrajectoryColumns,
-        rows: list[int],
-        oldest: list[int],
-        checked: CheckedEntries | None = None,
-        media: dict[str, tuple] | None = None,
-    ) -> Applied:
+    def _add_rows(self, at: float, report: Classified) -> Applied:
+        rows = report.accepted_rows
         if not rows:
             return Applied()
+        columns = report.columns
         if self.schema is None:
             first = next((i for i in rows if columns.accepted[i]), None)
             if first is not None:
                 self.schema = schema_of(columns, first, self.settings.label_fields)
+        checked = report.index_entries
         if checked is None:  # recovery: check against the index as it is now
-            checked = self._check_keys(columns, rows)
+            checked = check_keys(columns, rows, self.index)
+        media = report.media
         if media is None:
-            media = self._check_media(columns, rows)
+            media = check_media(columns, rows, self._media)
         self._media.update(media)
         number = self._next_block
         self._next_block += 1
-        self._blocks[number] = _Block(columns, len(rows), oldest)
+        self._blocks[number] = _Block(columns, len(rows), report.oldest)
         base = number << _BLOCK_SHIFT
         ids, samples, sources = columns.trajectory_ids, columns.sample_ids, columns.sources
         whole = len(rows) == len(columns)
@@ -541,7 +277,7 @@ class AdmissionLedger:
                 sample_ids=pick(samples),
                 sources=pick(sources),
                 ready_at=at,
-                oldest_versions=pick(oldest),
+                oldest_versions=pick(report.oldest),
                 rollout_steps=pick(columns.rollout_steps.tolist()),
                 num_tokens=pick(columns.num_tokens.tolist()),
                 accepted=pick(columns.accepted.tolist()),
@@ -739,6 +475,11 @@ class AdmissionLedger:
     def is_reported(self, trajectory_id: TrajectoryId) -> bool:
         return trajectory_id in self._rows or trajectory_id in self._digests
 
+    @property
+    def media(self) -> Mapping[str, tuple]:
+        """Multimodal input key -> how its references describe it, while any trajectory holds the input."""
+        return self._media
+
     def _locate(self, trajectory_id: TrajectoryId) -> tuple[_Block, int]:
         handle = self._rows[trajectory_id]
         return self._blocks[handle >> _BLOCK_SHIFT], handle & ((1 << _BLOCK_SHIFT) - 1)
@@ -749,7 +490,12 @@ class AdmissionLedger:
         columns = block.columns
         return columns.sources[row], columns.sample_ids[row], block.oldest[row]
 
-    def _digest(self, trajectory_id: TrajectoryId) -> bytes:
+    def knows_none_of(self, trajectory_ids: Collection[str]) -> bool:
+        """Whether none of these trajectories was reported before (a set operation: the common case)."""
+        return self._rows.keys().isdisjoint(trajectory_ids) and self._digests.keys().isdisjoint(trajectory_ids)
+
+    def fingerprint_of(self, trajectory_id: TrajectoryId) -> bytes:
+        """The fingerprint of a reported trajectory's content, to tell an identical re-send from a conflict."""
         digest = self._digests.get(trajectory_id)
         if digest is None:
             block, row = self._locate(trajectory_id)
@@ -772,18 +518,6 @@ class AdmissionLedger:
             block, row = self._locate(trajectory_id)
             located.append((block.columns, row))
         return MiniBatchDispatch(gather_rows(located), self.settings.topology, self.settings.label_fields)
-
-    def assignment(
-        self, minibatch: AdmittedMiniBatch, consumer: ConsumerId
-    ) -> admission_service_pb2.WatchAssignmentsResponse:
-        """What ``consumer``'s stream carries for ``minibatch``."""
-        dispatch = self.dispatch(minibatch)
-        return admission_service_pb2.WatchAssignmentsResponse(
-            sequence=minibatch.sequence,
-            admission=minibatch.admission,
-            global_loss_tokens=dispatch.minibatch_loss_tokens,
-            assignment=dispatch.assignment_fields(consumer),
-        )
 
     def awaits_verification(self, consumer: ConsumerId, sequence: int) -> bool:
         """Whether ``consumer``'s VERIFIED of ``sequence`` would change anything (otherwise it is not journaled)."""

@@ -12,7 +12,7 @@ for every pair of trajectories the service could ever admit together:
   marks it in ``scalar_present.<name>``.
 
 What the packer assumes about one item alone (a header's byte length matching its shape and dtype, a per-token
-field's leading axis matching the trajectory's length) is checked by :mod:`~knittrans.admission.service.ingest`.
+field's leading axis matching the trajectory's length) is checked by :mod:`~knittrans.admission.service.ingest.rules`.
 Trajectories a rollout filter rejected are released at once and never packed, so they are not held to the
 schema. Pure: the schema is derived from reported metadata only, so replaying the journal rebuilds it.
 """
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import InvalidArgument
 from knittrans.tensor_names import field_name_problem, scalar_name_problem
-from knittrans.trajectory_batch import TrajectoryColumns
 from knittrans.v1 import trajectory_pb2
 
 _TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD

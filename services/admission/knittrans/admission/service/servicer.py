@@ -18,28 +18,27 @@ from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
+from knittrans.admission.service.ingest.report import Classified, classify
+from knittrans.admission.service.ingest.reservations import check_reservations
 from knittrans.admission.service.journal import Journal
-from knittrans.admission.service.ledger import (
-    AdmissionLedger,
-    AdmittedMiniBatch,
-    Applied,
-    Classified,
-    Verdict,
-    blocking_to_proto,
-    failure_consumer,
-)
+from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict, failure_consumer
 from knittrans.admission.service.metrics import AdmissionMetrics
+from knittrans.admission.service.responses import (
+    assignment_response,
+    outcome_counts,
+    report_response,
+    status_response,
+    verdict_response,
+)
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
 from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
-from knittrans.wire import consumer_from_proto, consumer_to_proto, topology_to_proto, within
+from knittrans.wire import consumer_from_proto, topology_to_proto, within
 
 logger = logging.getLogger(__name__)
 
 _STAGES = (pb.PROGRESS_STAGE_VERIFIED, pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
-_VERDICTS = {Verdict.PENDING: pb.MINI_BATCH_VERDICT_PENDING, Verdict.OK: pb.MINI_BATCH_VERDICT_OK,
-             Verdict.FAILED: pb.MINI_BATCH_VERDICT_FAILED}
 MAX_VERDICT_WAIT = 60.0  # seconds one WaitMiniBatchVerdict call may wait
 MAX_FAILURE_REASON = 1024  # characters
 YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
@@ -161,14 +160,14 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         await self._after(applied, record.at)
         return applied
 
-    async def _commit_report(self, classified: Classified) -> Applied:
+    async def _commit_report(self, report: Classified) -> Applied:
         at = self._clock()
         if self._journal.keeps_records:
-            record = classified.record(at)
+            record = report.record(at)
             await self._journal.append(record)
-            applied = self._ledger.apply(record, classified)
+            applied = self._ledger.apply(record, report)
         else:  # nothing would keep the record: apply the report without building it
-            applied = self._ledger.apply_report(at, classified)
+            applied = self._ledger.apply_report(at, report)
         await self._after(applied, at)
         return applied
 
@@ -271,18 +270,18 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def ReportTrajectories(self, request: pb.ReportTrajectoriesRequest, context: aio.ServicerContext):
         async with self._lock:
             try:
-                classified = self._ledger.classify(request)
+                report = classify(request, self._ledger)
             except InvalidArgument:
                 count = len(request.batch.trajectory_ids) if request.HasField("batch") else len(request.trajectories)
                 self._metrics.reports.labels("invalid").inc(count)
                 raise
-            if classified.accepted_rows:
-                await self._commit_report(classified)
+            if report.accepted_rows:
+                await self._commit_report(report)
             await self._admit_until_wait()
-        for outcome, count in classified.counts().items():
+        for outcome, count in outcome_counts(report).items():
             self._metrics.reports.labels(_OUTCOME_NAMES[outcome]).inc(count)
         collect_young_objects()  # before answering: the reporter's next call then finds no collection under way
-        return classified.response()
+        return report_response(report)
 
     async def ReportScheduled(self, request: pb.ReportScheduledRequest, context: aio.ServicerContext):
         if request.count > 10_000_000:
@@ -322,7 +321,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 after = minibatch.sequence
 
     def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
-        return self._ledger.assignment(minibatch, consumer)
+        return assignment_response(minibatch, self._ledger.dispatch(minibatch), consumer)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
         consumer = _consumer(request.consumer, "consumer")
@@ -380,9 +379,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 except TimeoutError:
                     pass
             verdict, failure = self._ledger.verdict(sequence)
-        waiting_for = [consumer_to_proto(c) for c in self._ledger.unverified(sequence)] \
-            if verdict is Verdict.PENDING else []
-        return pb.WaitMiniBatchVerdictResponse(verdict=_VERDICTS[verdict], failure=failure, waiting_for=waiting_for)
+        return verdict_response(verdict, failure, self._ledger.unverified(sequence))
 
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
         async with self._lock:
@@ -404,7 +401,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         while True:
             async with self._lock:
                 if self._deleting.isdisjoint(wanted):
-                    self._ledger.check_reservations(request)
+                    check_reservations(request, self._ledger.index, limit=self._ledger.settings.max_report_batch)
                     new = sum(
                         not self._ledger.is_reported(TrajectoryId(r.trajectory_id))
                         and self._ledger.index.reservation(TrajectoryId(r.trajectory_id)) is None
@@ -435,32 +432,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         return pb.CancelReservationsResponse(cancelled=len(held))
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: aio.ServicerContext):
-        ledger = self._ledger
-        status = ledger.engine.status()
-        reason, detail, since = ledger.blocking()
-        if self._failure:
-            detail = f"admission stopped: {self._failure}"
-        blocked = 0.0 if since is None or reason is BlockingReason.NONE else max(0.0, self._clock() - since)
-        return pb.GetStatusResponse(
-            sources=[
-                pb.SourceStatus(source=s.source, pool=s.ready, admitted=s.admitted, quota=s.quota,
-                                target=s.target, slack=s.slack)
-                for s in status.sources
-            ],
-            train_batch_index=status.train_batch_index,
-            minibatch_index=status.minibatches_admitted,
-            num_minibatches=status.num_minibatches,
-            policy_version=ledger.version,
-            blocking_reason=blocking_to_proto(reason),
-            blocking_detail=detail,
-            blocked_seconds=blocked,
-            pool_size=status.pool_size,
-            admitted_total=ledger.admitted_total,
-            dropped_stale=ledger.dropped_stale,
-            released_minibatches=ledger.released_minibatches,
-            failed_minibatches=len(ledger.failed_sequences),
-            recent_failures=list(ledger.recent_failures),
-        )
+        return status_response(self._ledger, failure=self._failure, now=self._clock())
 
     # -- background work -------------------------------------------------------------------------------
 

@@ -4,10 +4,10 @@ Building the full domain object (:func:`knittrans.wire.trajectory_from_proto`) f
 more than the ingest budget (50k reports/s on two cores), so reports are checked with the same rules without
 building it. :func:`check_trajectory` checks one message and names the first bad field; a property test keeps it
 equivalent to the domain types. :func:`check_columns` checks a whole report as columns
-(:class:`~knittrans.trajectory_batch.TrajectoryColumns`, from either report form): each rule runs once over a
-column with numpy, and only a trajectory it flags (or whose numbers are too large for exact array arithmetic)
-goes through :func:`check_trajectory`, which raises the error. So both forms of a report get the same error, and
-property tests keep the column rules from passing anything :func:`check_trajectory` rejects.
+(:class:`~knittrans.admission.service.trajectory_columns.TrajectoryColumns`, from either report form): each rule
+runs once over a column with numpy, and only a trajectory it flags (or whose numbers are too large for exact
+array arithmetic) goes through :func:`check_trajectory`, which raises the error. So both forms of a report get the
+same error, and property tests keep the column rules from passing anything :func:`check_trajectory` rejects.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from knittrans.admission.service.trajectory_columns import HeaderColumns, TrajectoryColumns
 from knittrans.errors import InvalidArgument
-from knittrans.trajectory_batch import HeaderColumns, TrajectoryColumns
 from knittrans.types import _ID_PATTERN, MAX_ID_LENGTH, DType
 from knittrans.v1 import trajectory_pb2
 

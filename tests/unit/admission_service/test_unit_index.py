@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from knittrans.admission.service.index import IndexEntry, UnitIndex
 from knittrans.errors import Conflict, InvalidArgument
-from knittrans.store.index import IndexEntry, UnitIndex
 from knittrans.store.keys import multimodal_unit_key, trajectory_unit_key
 from knittrans.types import SampleId, TrajectoryId
 

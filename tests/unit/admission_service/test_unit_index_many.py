@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from knittrans.admission.service.index import IndexEntry, UnitIndex
 from knittrans.errors import Conflict, InvalidArgument, KnitTransError
-from knittrans.store.index import IndexEntry, UnitIndex
 
 
 def state(index: UnitIndex) -> tuple:
