@@ -25,13 +25,13 @@ from knittrans.plan.parts import (
     PlanQuality,
     RouteMap,
 )
-from knittrans.plan.trajectory_json import (  # the trajectory forms: also imported from here
-    Fields,
-    topology_from_json_dict,
-    topology_to_json_dict,
-    trajectory_from_json_dict,
-    trajectory_to_json_dict,
-)
+from knittrans.plan.trajectory_json import Fields
+
+# The trajectory forms: also imported from here (so re-exported explicitly).
+from knittrans.plan.trajectory_json import topology_from_json_dict as topology_from_json_dict
+from knittrans.plan.trajectory_json import topology_to_json_dict as topology_to_json_dict
+from knittrans.plan.trajectory_json import trajectory_from_json_dict as trajectory_from_json_dict
+from knittrans.plan.trajectory_json import trajectory_to_json_dict as trajectory_to_json_dict
 from knittrans.types import Topology
 
 
