@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from knittrans.plan.parts import (
     PLAN_FORMAT,
     ROUTE_COLUMNS,
     BackbonePlan,
+    BalanceScheme,
     EncoderPlan,
     EncoderQuality,
     EncodingTable,
@@ -317,5 +318,6 @@ def _quality_from_json_dict(data: Any) -> PlanQuality:
         unique_encodings=f.int("unique_encodings"),
         dedup_factor=f.float("dedup_factor"),
         encoders=tuple(encoders),
-        scheme=f.str("scheme"),
+        # PlanQuality parses the name, and names the field when it is unknown.
+        scheme=cast(BalanceScheme, f.str("scheme")),
     )
