@@ -48,9 +48,14 @@ proto: venv
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \
 	  --grpc_python_out=$(PROTO_OUT) proto/knittrans/v1/*.proto
 
+# Checked with mypy --strict (config in pyproject.toml); tests/unit/core/test_types.py reads this list.
+TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing knittrans.plan \
+  knittrans.wire
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/buf lint
+	$(VENV)/bin/mypy $(addprefix -p ,$(TYPED_PACKAGES))
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache

@@ -7,7 +7,8 @@ message (``trajectories[3].units[1].header.byte_length``), so callers can name t
 
 from __future__ import annotations
 
-from typing import TypeVar
+from functools import partial
+from typing import TypeVar, cast
 
 from knittrans.errors import InvalidArgument, within
 from knittrans.types import (
@@ -34,15 +35,27 @@ from knittrans.v1 import topology_pb2, trajectory_pb2
 
 T = TypeVar("T")
 
-_DTYPE_TO_PROTO = {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for dtype in DType}
-_DTYPE_FROM_PROTO = {number: dtype for dtype, number in _DTYPE_TO_PROTO.items()}
-_KIND_TO_PROTO = {kind: trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}") for kind in UnitKind}
-_KIND_FROM_PROTO = {number: kind for kind, number in _KIND_TO_PROTO.items()}
-ALIGNMENT_TO_PROTO = {
-    None: trajectory_pb2.FIELD_ALIGNMENT_UNSPECIFIED,
-    **{a: trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{a.name}") for a in FieldAlignment},
+# The casts: protoc's .pyi types enum fields as the enum class, while EnumTypeWrapper.Value returns a plain int.
+_DTYPE_TO_PROTO = cast(
+    "dict[DType, trajectory_pb2.DType]",
+    {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for dtype in DType},
+)
+_DTYPE_FROM_PROTO: dict[int, DType] = {number: dtype for dtype, number in _DTYPE_TO_PROTO.items()}
+_KIND_TO_PROTO = cast(
+    "dict[UnitKind, trajectory_pb2.UnitKind]",
+    {kind: trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}") for kind in UnitKind},
+)
+_KIND_FROM_PROTO: dict[int, UnitKind] = {number: kind for kind, number in _KIND_TO_PROTO.items()}
+ALIGNMENT_TO_PROTO = cast(
+    "dict[FieldAlignment | None, trajectory_pb2.FieldAlignment]",
+    {
+        None: trajectory_pb2.FIELD_ALIGNMENT_UNSPECIFIED,
+        **{a: trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{a.name}") for a in FieldAlignment},
+    },
+)
+ALIGNMENT_FROM_PROTO: dict[int, FieldAlignment | None] = {
+    number: alignment for alignment, number in ALIGNMENT_TO_PROTO.items()
 }
-ALIGNMENT_FROM_PROTO = {number: alignment for alignment, number in ALIGNMENT_TO_PROTO.items()}
 
 
 def header_to_proto(header: UnitHeader) -> trajectory_pb2.UnitHeader:
@@ -147,12 +160,12 @@ def trajectory_to_proto(meta: TrajectoryMeta) -> trajectory_pb2.TrajectoryMetada
 
 def trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) -> TrajectoryMeta:
     segments = tuple(
-        within(f"segments[{i}]", lambda s=s: VersionSegment(version=s.version, num_tokens=s.num_tokens))
+        within(f"segments[{i}]", partial(VersionSegment, version=s.version, num_tokens=s.num_tokens))
         for i, s in enumerate(message.segments)
     )
-    units = tuple(within(f"units[{i}]", lambda u=u: unit_ref_from_proto(u)) for i, u in enumerate(message.units))
+    units = tuple(within(f"units[{i}]", partial(unit_ref_from_proto, u)) for i, u in enumerate(message.units))
     multimodal = tuple(
-        within(f"multimodal[{i}]", lambda m=m: multimodal_from_proto(m)) for i, m in enumerate(message.multimodal)
+        within(f"multimodal[{i}]", partial(multimodal_from_proto, m)) for i, m in enumerate(message.multimodal)
     )
     return TrajectoryMeta(
         trajectory_id=TrajectoryId(message.trajectory_id),
@@ -212,8 +225,8 @@ def topology_from_proto(message: topology_pb2.Topology) -> Topology:
     encoders = tuple(
         within(
             f"encoders[{i}]",
-            lambda e=e: EncoderTopology(
-                name=e.name, dp=e.dp, tp=e.tp or 1, max_cost_per_microbatch=e.max_cost_per_microbatch
+            partial(
+                EncoderTopology, name=e.name, dp=e.dp, tp=e.tp or 1, max_cost_per_microbatch=e.max_cost_per_microbatch
             ),
         )
         for i, e in enumerate(message.encoders)

@@ -249,7 +249,7 @@ class ItemLayout(NamedTuple):
 
 
 class MicroBatchLayout(NamedTuple):
-    index: int
+    microbatch_index: int  # not `index`, which would shadow tuple.index
     last: bool
     num_loss_tokens: int
     items: list[ItemLayout]
@@ -380,7 +380,7 @@ def _backbone_assignment(plan: Plan, consumer: ConsumerId) -> ConsumerAssignment
     keys = [m.key for t in plan.trajectories for m in t.multimodal]
     microbatches = tuple(
         MicroBatchAssignment(
-            index=mb.index,
+            index=mb.microbatch_index,
             last=mb.last,
             num_loss_tokens=mb.num_loss_tokens,
             items=tuple(

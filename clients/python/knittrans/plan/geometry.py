@@ -67,4 +67,5 @@ def cp_read_spans(chunk_spans: Sequence[Sequence[int]], num_tokens: int, look_ah
 def segment_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Sum of ``values`` over each CSR segment, exact for integers and correct for empty segments."""
     totals = np.concatenate([np.zeros(1, dtype=values.dtype), np.cumsum(values)])
-    return totals[offsets[1:]] - totals[offsets[:-1]]
+    sums: np.ndarray = totals[offsets[1:]] - totals[offsets[:-1]]
+    return sums

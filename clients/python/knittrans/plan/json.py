@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from knittrans.plan.parts import (
     PLAN_FORMAT,
     ROUTE_COLUMNS,
     BackbonePlan,
+    BalanceScheme,
     EncoderPlan,
     EncoderQuality,
     EncodingTable,
@@ -25,13 +26,13 @@ from knittrans.plan.parts import (
     PlanQuality,
     RouteMap,
 )
-from knittrans.plan.trajectory_json import (  # the trajectory forms: also imported from here
-    Fields,
-    topology_from_json_dict,
-    topology_to_json_dict,
-    trajectory_from_json_dict,
-    trajectory_to_json_dict,
-)
+from knittrans.plan.trajectory_json import Fields
+
+# The trajectory forms: also imported from here (so re-exported explicitly).
+from knittrans.plan.trajectory_json import topology_from_json_dict as topology_from_json_dict
+from knittrans.plan.trajectory_json import topology_to_json_dict as topology_to_json_dict
+from knittrans.plan.trajectory_json import trajectory_from_json_dict as trajectory_from_json_dict
+from knittrans.plan.trajectory_json import trajectory_to_json_dict as trajectory_to_json_dict
 from knittrans.types import Topology
 
 
@@ -317,5 +318,6 @@ def _quality_from_json_dict(data: Any) -> PlanQuality:
         unique_encodings=f.int("unique_encodings"),
         dedup_factor=f.float("dedup_factor"),
         encoders=tuple(encoders),
-        scheme=f.str("scheme"),
+        # PlanQuality parses the name, and names the field when it is unknown.
+        scheme=cast(BalanceScheme, f.str("scheme")),
     )

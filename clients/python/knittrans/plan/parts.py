@@ -43,7 +43,7 @@ DEFAULT_LABEL_FIELDS = ("input_ids",)
 
 def _frozen_array(value: Any, field: str, *, ndim: int = 1, dtype: type = np.int64) -> np.ndarray:
     try:
-        array = np.asarray(value, dtype=dtype)
+        array: np.ndarray = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"not an array of {np.dtype(dtype).name}: {exc}", field=field) from None
     if array.ndim != ndim and not (array.size == 0 and ndim > 1):
@@ -480,7 +480,7 @@ class Plan:
         validate_plan(self)
 
 
-def _comparable(plan: Plan) -> tuple:
+def _comparable(plan: Plan) -> tuple[object, ...]:
     """What makes two plans equal: every part, with each trajectory's scalars as a mapping (their order carries
     nothing; the wire forms keep them as one)."""
     arrays = [plan.backbone.microbatch_offsets, plan.backbone.microbatch_items, plan.backbone.padded_tokens,

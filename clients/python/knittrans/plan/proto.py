@@ -7,10 +7,12 @@ a sidecar needs nothing but it. Conversions from messages name the field of any 
 from __future__ import annotations
 
 from dataclasses import asdict
+from functools import partial
+from typing import cast
 
 import numpy as np
 
-from knittrans.errors import InvalidArgument
+from knittrans.errors import InvalidArgument, within
 from knittrans.plan.assignment import (
     ChunkSlice,
     ConsumerAssignment,
@@ -47,7 +49,6 @@ from knittrans.wire import (
     trajectory_to_proto,
     unit_ref_from_proto,
     unit_ref_to_proto,
-    within,
 )
 
 
@@ -101,7 +102,7 @@ def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
             unique_encodings=q.unique_encodings,
             dedup_factor=q.dedup_factor,
             encoders=[plan_pb2.EncoderQuality(**asdict(e)) for e in q.encoders],
-            scheme=plan_pb2.BalanceScheme.Value(f"BALANCE_SCHEME_{q.scheme.name}"),
+            scheme=_scheme_to_proto(q.scheme),
         ),
     )
 
@@ -119,7 +120,7 @@ def plan_from_proto(message: plan_pb2.Plan) -> Plan:
 def _plan_from_proto(message: plan_pb2.Plan) -> Plan:
     topology = within("topology", lambda: topology_from_proto(message.topology))
     trajectories = tuple(
-        within(f"trajectories[{i}]", lambda t=t: trajectory_from_proto(t)) for i, t in enumerate(message.trajectories)
+        within(f"trajectories[{i}]", partial(trajectory_from_proto, t)) for i, t in enumerate(message.trajectories)
     )
     b = message.backbone
     n = len(trajectories)
@@ -196,6 +197,11 @@ def _plan_from_proto(message: plan_pb2.Plan) -> Plan:
     )
 
 
+def _scheme_to_proto(scheme: BalanceScheme) -> plan_pb2.BalanceScheme:
+    # protoc's .pyi types enum fields as the enum class, while EnumTypeWrapper.Value returns a plain int.
+    return cast("plan_pb2.BalanceScheme", plan_pb2.BalanceScheme.Value(f"BALANCE_SCHEME_{scheme.name}"))
+
+
 def _scheme_from_proto(number: int) -> BalanceScheme:
     for scheme in BalanceScheme:
         if number == plan_pb2.BalanceScheme.Value(f"BALANCE_SCHEME_{scheme.name}"):
@@ -256,7 +262,7 @@ def encoding_assignment_from_proto(e: plan_pb2.EncodingAssignment, path: str = "
     )
     routes = tuple(
         RouteEntry(
-            consumer=within(f"{path}.routes[{k}].consumer", lambda r=r: consumer_from_proto(r.consumer)),
+            consumer=within(f"{path}.routes[{k}].consumer", partial(consumer_from_proto, r.consumer)),
             tp_rank=r.tp_rank,
             microbatch=r.microbatch,
             trajectory_index=r.trajectory_index,
@@ -270,8 +276,9 @@ def encoding_assignment_from_proto(e: plan_pb2.EncodingAssignment, path: str = "
     return EncodingAssignment(encoding=encoding, routes=routes)
 
 
-def _kind_to_proto(kind: UnitKind) -> int:
-    return trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}")
+def _kind_to_proto(kind: UnitKind) -> trajectory_pb2.UnitKind:
+    # protoc's .pyi types enum fields as the enum class, while EnumTypeWrapper.Value returns a plain int.
+    return cast("trajectory_pb2.UnitKind", trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}"))
 
 
 def _kind_from_proto_number(number: int, path: str) -> UnitKind:
@@ -356,11 +363,11 @@ def assignment_from_proto(message: plan_pb2.ConsumerAssignment) -> ConsumerAssig
             )
             reads = tuple(
                 FieldRead(
-                    unit=within(f"{ipath}.reads[{k}].unit", lambda r=r: unit_ref_from_proto(r.unit)),
+                    unit=within(f"{ipath}.reads[{k}].unit", partial(unit_ref_from_proto, r.unit)),
                     spans=tuple(_span_from_proto(s, f"{ipath}.reads[{k}].spans") for s in r.spans),
                     byte_ranges=tuple(
                         within(
-                            f"{ipath}.reads[{k}].byte_ranges", lambda b=b: ByteRange(offset=b.offset, length=b.length)
+                            f"{ipath}.reads[{k}].byte_ranges", partial(ByteRange, offset=b.offset, length=b.length)
                         )
                         for b in r.byte_ranges
                     ),
@@ -381,7 +388,7 @@ def assignment_from_proto(message: plan_pb2.ConsumerAssignment) -> ConsumerAssig
             items.append(
                 ItemAssignment(
                     trajectory_index=item.trajectory_index,
-                    trajectory=within(f"{ipath}.trajectory", lambda item=item: trajectory_from_proto(item.trajectory)),
+                    trajectory=within(f"{ipath}.trajectory", partial(trajectory_from_proto, item.trajectory)),
                     padded_tokens=item.padded_tokens,
                     chunks=chunks,
                     reads=reads,
@@ -392,12 +399,14 @@ def assignment_from_proto(message: plan_pb2.ConsumerAssignment) -> ConsumerAssig
             MicroBatchAssignment(index=mb.index, last=mb.last, num_loss_tokens=mb.num_loss_tokens, items=tuple(items))
         )
     encoder_microbatches = []
-    for i, mb in enumerate(message.encoder_microbatches):
+    for i, encoder_mb in enumerate(message.encoder_microbatches):
         encodings = tuple(
             encoding_assignment_from_proto(e, f"encoder_microbatches[{i}].encodings[{j}]")
-            for j, e in enumerate(mb.encodings)
+            for j, e in enumerate(encoder_mb.encodings)
         )
-        encoder_microbatches.append(EncoderMicroBatchAssignment(index=mb.index, last=mb.last, encodings=encodings))
+        encoder_microbatches.append(
+            EncoderMicroBatchAssignment(index=encoder_mb.index, last=encoder_mb.last, encodings=encodings)
+        )
     return ConsumerAssignment(
         consumer=consumer,
         minibatch_loss_tokens=message.minibatch_loss_tokens,

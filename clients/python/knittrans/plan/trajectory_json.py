@@ -5,6 +5,7 @@ strict reader the plan's JSON form shares. Unknown keys and wrong types raise
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -80,19 +81,20 @@ class Fields:
             raise InvalidArgument(f"expected a string, got {value!r}", field=self.field(key))
         return value
 
-    def bool(self, key: str, default: Any = ...) -> bool:
+    # Below here the method names shadow the builtins inside the class body, so annotations spell them out.
+    def bool(self, key: builtins.str, default: Any = ...) -> builtins.bool:
         value = self.raw(key, default)
         if not isinstance(value, bool):
             raise InvalidArgument(f"expected true or false, got {value!r}", field=self.field(key))
         return value
 
-    def list(self, key: str, default: Any = ...) -> list[Any]:
+    def list(self, key: builtins.str, default: Any = ...) -> builtins.list[Any]:
         value = self.raw(key, default)
         if not isinstance(value, list):
             raise InvalidArgument(f"expected a list, got {value!r}", field=self.field(key))
         return value
 
-    def ints(self, key: str, default: Any = ...) -> list[int]:
+    def ints(self, key: builtins.str, default: Any = ...) -> builtins.list[builtins.int]:
         values = self.list(key, default)
         for i, v in enumerate(values):
             if not isinstance(v, int) or isinstance(v, bool):
@@ -223,15 +225,15 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
         span = m.ints("placeholder")
         if len(span) != 2:
             raise InvalidArgument("expected [start, end]", field=m.field("placeholder"))
-        placeholder = within(m.field("placeholder"), lambda span=span: TokenSpan(start=span[0], end=span[1]))
-        header = _header_from_json_dict(m.raw("header"), m.field("header")) if m.has("header") else None
+        placeholder = within(m.field("placeholder"), partial(TokenSpan, start=span[0], end=span[1]))
+        ref_header = _header_from_json_dict(m.raw("header"), m.field("header")) if m.has("header") else None
         kind = _kind_from_json(m.str("kind", "image"), m.field("kind"))
         key, encoder, cost = UnitKey(m.str("key")), m.str("encoder"), m.float("cost")
         multimodal.append(
             within(
                 m.path,
                 partial(MultimodalRef, key=key, encoder=encoder, cost=cost, placeholder=placeholder, kind=kind,
-                        header=header),
+                        header=ref_header),
             )
         )
     scalars_raw = f.raw("scalars", {})

@@ -9,13 +9,13 @@ import numpy as np
 
 from knittrans.errors import InvalidArgument
 from knittrans.plan.geometry import padded_lengths, segment_sums, zigzag_spans
-from knittrans.types import UnitKind
+from knittrans.types import UnitKey, UnitKind
 
 if TYPE_CHECKING:
     from knittrans.plan.parts import Plan
 
 # Per reference: (encoder, key), cost, and (kind, content hash): what identifies its unit.
-_ReferenceColumns = tuple[list[tuple[str, str]], np.ndarray, list[tuple[UnitKind, str | None]]]
+_ReferenceColumns = tuple[list[tuple[str, UnitKey]], np.ndarray, list[tuple[UnitKind, str | None]]]
 
 
 def validate_plan(plan: Plan) -> None:
@@ -114,7 +114,8 @@ def _reference_columns(plan: Plan) -> _ReferenceColumns:
 def _encoding_source_references(plan: Plan) -> np.ndarray:
     """Per encoding: the global index of its source reference (once _validate_encodings checked the table)."""
     table = plan.encodings
-    return plan.reference_offsets[table.source_trajectory] + table.source_reference
+    references: np.ndarray = plan.reference_offsets[table.source_trajectory] + table.source_reference
+    return references
 
 
 def _validate_encodings(plan: Plan, columns: _ReferenceColumns) -> np.ndarray:

@@ -42,7 +42,7 @@ share dtype and shape, otherwise ``inputs.<k>`` each).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -466,7 +466,7 @@ def fill_backbone(
             views[f"{SCALAR_PRESENT_PREFIX}{name}"][:] = [name in values for values in scalars]
 
 
-def _span_rows(item: ItemAssignment, field_name: str):
+def _span_rows(item: ItemAssignment, field_name: str) -> Callable[[int], int]:
     """token -> row of the field's scratch read (its spans lie back to back)."""
     read = next(r for r in item.reads if r.unit.field_name == field_name)
     bases, row = [], 0
@@ -498,7 +498,8 @@ def pack_backbone(
     slot = np.zeros(max(layout.used_bytes, 1), dtype=np.uint8)
     scratch = np.zeros(max(layout.scratch_bytes, 1), dtype=np.uint8)
     for placement, data in zip(layout.reads, read_bytes, strict=True):
-        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12, though 3.11's ndarray is a buffer.
+        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
         if raw.nbytes != placement.byte_length:
             raise InvalidArgument(f"read of {placement.key} has {raw.nbytes} bytes, expected {placement.byte_length}",
                                   field="read_bytes")

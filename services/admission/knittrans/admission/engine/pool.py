@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from knittrans.types import TrajectoryId
@@ -112,7 +113,7 @@ class ReadyPool:
         if key[0] < self.min_version:
             self.min_version = key[0]
 
-    def insert_many(self, keys: list[UnitKey], sources: list[int], units: list[PooledUnit]) -> None:
+    def insert_many(self, keys: Sequence[UnitKey], sources: list[int], units: list[PooledUnit]) -> None:
         """Insert units (with their keys and sources, column by column) as :meth:`insert` would one by one: each
         source's new keys are sorted once and merged with its queue's tail (usually just appended: arrivals come
         mostly in policy order)."""
@@ -140,7 +141,7 @@ class ReadyPool:
     def take_prefixes(self, counts: dict[int, int]) -> list[PooledUnit]:
         """Remove and return the first ``counts[source]`` units of each source."""
         units = self.units
-        taken = []
+        taken: list[PooledUnit] = []
         for source, count in counts.items():
             prefix = self.queues[source].pop_prefix(count)
             self.sizes[source] -= len(prefix)

@@ -300,6 +300,7 @@ class AdmissionState:
             if first != source_index:
                 mixed = f"{self.targets.sources[first]!r} and {source!r}"
                 return i, "source", f"sample {sample_id!r} has trajectories from {mixed}"
+            size: int | None
             if pending is not None:
                 size = pending.size
             else:

@@ -24,11 +24,10 @@ import numpy as np
 from knittrans.admission.planning.bins import (
     bins_to_csr,
     first_fit_decreasing,
-    segment_sums,
     split_heaviest,
 )
 from knittrans.admission.planning.partition import karmarkar_karp
-from knittrans.plan import BackbonePlan, BalanceScheme, padded_lengths, zigzag_spans
+from knittrans.plan import BackbonePlan, BalanceScheme, padded_lengths, segment_sums, zigzag_spans
 from knittrans.types import BackboneTopology, CostModel
 
 # Dealing first replaces packing first only when it lowers the imbalance by more than this fraction.
@@ -146,7 +145,7 @@ def _empty_count(layout: RankLayout) -> int:
 
 
 def _imbalance(layout: RankLayout, workloads: np.ndarray) -> float:
-    work = workloads.tolist()
+    work: list[float] = workloads.tolist()
     totals = [sum(work[i] for microbatch in rank for i in microbatch) for rank in layout]
     return max(totals) / (sum(totals) / len(totals))
 

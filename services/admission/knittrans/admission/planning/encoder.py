@@ -20,6 +20,9 @@ from knittrans.errors import InvalidArgument
 from knittrans.plan import EncoderPlan, EncoderQuality, RouteMap
 from knittrans.types import EncoderTopology, Topology, TrajectoryMeta, UnitKind
 
+# What two references to one key must agree on: (cost, placeholder length, kind, content hash).
+_UnitSignature = tuple[float, int, UnitKind, str | None]
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class References:
@@ -133,7 +136,7 @@ def _reject_reference(
             field=f"trajectories[{t}].multimodal[{j}].encoder",
         )
 
-    def signature(k: int) -> tuple:
+    def signature(k: int) -> _UnitSignature:
         return (float(refs.costs[k]), int(refs.ends[k] - refs.starts[k]), refs.kinds[k], refs.content_hashes[k])
 
     ft = int(trajectories[f])
@@ -142,7 +145,7 @@ def _reject_reference(
 
 
 def _reject_different_unit(
-    signature: tuple, first: tuple, source: tuple[int, int], trajectory: int, reference: int
+    signature: _UnitSignature, first: _UnitSignature, source: tuple[int, int], trajectory: int, reference: int
 ) -> None:
     where = f"trajectories[{trajectory}].multimodal[{reference}]"
     same = f"the same unit at trajectories[{source[0]}].multimodal[{source[1]}]"

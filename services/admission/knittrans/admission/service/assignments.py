@@ -222,7 +222,7 @@ class MiniBatchDispatch:
 
     def _backbone_microbatches(self, lists: _Lists, dp_rank: int, cp_rank: int) -> list[dict]:
         return [
-            {"index": mb.index, "last": mb.last, "num_loss_tokens": mb.num_loss_tokens,
+            {"index": mb.microbatch_index, "last": mb.last, "num_loss_tokens": mb.num_loss_tokens,
              "items": [self._item(item) for item in mb.items]}
             for mb in expand_backbone(lists.source, dp_rank, cp_rank)
         ]
