@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,3 +68,10 @@ def test_karmarkar_karp_finds_the_perfect_split_that_greedy_misses() -> None:
     weights = [10, 7, 6, 5, 4]
     parts = karmarkar_karp(weights, 2)
     assert sorted(sum(weights[i] for i in p) for p in parts) == [16, 16]
+
+
+@pytest.mark.parametrize(("weights", "parts"), [([0.0, 0.0, 0.0], 3), ([0.0] * 7, 3), ([0.0, 0.0, 1.0, 0.0], 2)])
+def test_karmarkar_karp_keeps_every_item_when_weights_tie_at_zero(weights: list[float], parts: int) -> None:
+    """Found by hypothesis: a zero-weight part could sit below an empty one and be dropped in a merge."""
+    result = karmarkar_karp(weights, parts)
+    assert sorted(i for part in result for i in part) == list(range(len(weights)))

@@ -49,10 +49,12 @@ def karmarkar_karp(weights: Sequence[float], parts: int, *, equal_count: bool = 
     while len(heap) > 1:
         _, _, sums_a, nodes_a = heapq.heappop(heap)
         _, _, sums_b, nodes_b = heapq.heappop(heap)
-        if parts > 1 and nodes_b[1] == _EMPTY:
-            sums, nodes = _add_to_lightest(sums_a, nodes_a, sums_b[0], nodes_b[0], n, children)
-        elif parts > 1 and nodes_a[1] == _EMPTY:
-            sums, nodes = _add_to_lightest(sums_b, nodes_b, sums_a[0], nodes_a[0], n, children)
+        only_b = _only_part(nodes_b) if parts > 1 else None
+        only_a = _only_part(nodes_a) if parts > 1 and only_b is None else None
+        if only_b is not None:
+            sums, nodes = _add_to_lightest(sums_a, nodes_a, sums_b[only_b], nodes_b[only_b], n, children)
+        elif only_a is not None:
+            sums, nodes = _add_to_lightest(sums_b, nodes_b, sums_a[only_a], nodes_a[only_a], n, children)
         else:
             # Both are sorted heaviest first: pair a's heaviest part with b's lightest.
             merged = []
@@ -93,6 +95,19 @@ def _add_to_lightest(
         [*sums[:position], total, *sums[position:-1]],
         [*nodes[:position], joined, *nodes[position:-1]],
     )
+
+
+def _only_part(nodes: list[int]) -> int | None:
+    """The position of a state's one non-empty part, or None if it has several. With zero weights a part
+    can sit below an empty one (ties keep their order), so the check looks at every part, not only the
+    second."""
+    found = None
+    for position, node in enumerate(nodes):
+        if node != _EMPTY:
+            if found is not None:
+                return None
+            found = position
+    return found
 
 
 def _by_sum(entry: tuple[float, int]) -> float:
