@@ -75,7 +75,10 @@ from knittrans.v1 import reorg_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# A sidecar that stops cancels the calls in flight (CANCELLED): like UNAVAILABLE, the sidecar is gone for now, and
+# it is an error only once it has not answered for sidecar_timeout_seconds. (Our own cancellations end the fetch
+# loop before this is consulted.)
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 _SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 
