@@ -320,6 +320,16 @@ def scenario_results(world: int, rank: int) -> dict[str, object]:
     return results
 
 
+def leave_together() -> None:
+    """Meet before tearing the group down: a rank that destroys its gloo pairs while a peer still uses them can
+    abort at exit ("terminate called without an active exception"), which fails the launch."""
+    try:
+        dist.barrier()
+    except Exception:  # a peer that crashed: its rank's result names the crash
+        pass
+    dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rank", type=int, required=True)
@@ -340,7 +350,7 @@ def main() -> None:
     except Exception:
         results = {"crash": traceback.format_exc()}
     (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    leave_together()
 
 
 if __name__ == "__main__":
