@@ -11,16 +11,12 @@ Megatron's input-gradient all-reduce; only the helper's row ownership keeps them
 
 from __future__ import annotations
 
-import argparse
-import json
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gloo_worker import run_worker
 from torch import nn
 
 from knittrans.demo.model import Backbone, BackboneConfig, EncoderConfig, VisionEncoder, token_loss
@@ -320,37 +316,8 @@ def scenario_results(world: int, rank: int) -> dict[str, object]:
     return results
 
 
-def leave_together() -> None:
-    """Meet before tearing the group down: a rank that destroys its gloo pairs while a peer still uses them can
-    abort at exit ("terminate called without an active exception"), which fails the launch."""
-    try:
-        dist.barrier()
-    except Exception:  # a peer that crashed: its rank's result names the crash
-        pass
-    dist.destroy_process_group()
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.world_size,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        results = scenario_results(args.world_size, args.rank)
-    except Exception:
-        results = {"crash": traceback.format_exc()}
-    (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
-    leave_together()
+    run_worker(lambda args: scenario_results(args.world_size, args.rank))
 
 
 if __name__ == "__main__":

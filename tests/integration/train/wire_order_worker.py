@@ -17,19 +17,17 @@ Results go to ``<out>/rank<r>.json``. Everything runs in float64, so any differe
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import random
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from gloo_worker import run_worker
 from torch import nn
 
 from knittrans.admission.planning import plan_minibatch
@@ -443,41 +441,17 @@ def run_example(example: dict, rank: int) -> dict[str, object]:
     return outcome
 
 
-def leave_together() -> None:
-    """Meet before tearing the group down: a rank that destroys its gloo pairs while a peer still uses them can
-    abort at exit ("terminate called without an active exception"), which fails the launch."""
-    try:
-        dist.barrier()
-    except Exception:  # a peer that crashed: its rank's result names the crash
-        pass
-    dist.destroy_process_group()
+def scenario(args) -> dict[str, object]:
+    results: dict[str, object] = {}
+    if args.world_size == 2:
+        results["repro"] = {"ba": repro(("b", "a")), "ab": repro(("a", "b"))}
+    results["examples"] = [run_example(example, args.rank) for example in json.loads(args.examples.read_text())]
+    return results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--examples", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
-        rank=args.rank,
-        world_size=args.world_size,
-        timeout=timedelta(seconds=120),
-    )
-    results: dict[str, object] = {}
-    try:
-        if args.world_size == 2:
-            results["repro"] = {"ba": repro(("b", "a")), "ab": repro(("a", "b"))}
-        results["examples"] = [run_example(example, args.rank) for example in json.loads(args.examples.read_text())]
-    except Exception:
-        results["crash"] = traceback.format_exc()
-    (args.out / f"rank{args.rank}.json").write_text(json.dumps(results))
-    leave_together()
+    run_worker(scenario, extra=lambda parser: parser.add_argument("--examples", type=Path, required=True),
+               timeout_seconds=120)
 
 
 if __name__ == "__main__":
