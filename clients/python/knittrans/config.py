@@ -125,7 +125,7 @@ def _convert(annotation: Any, value: Any, field: str) -> Any:
         raise ConfigError("; ".join(errors), field=field)
     if annotation is Any:
         return value
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return build(annotation, value if value is not None else {}, prefix=f"{field}.")
     if origin is tuple:
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
@@ -150,7 +150,7 @@ def _convert(annotation: Any, value: Any, field: str) -> Any:
         try:
             return annotation(value)
         except ValueError:
-            choices = ", ".join(str(m.value) for m in annotation)  # type: ignore[attr-defined]
+            choices = ", ".join(str(m.value) for m in annotation)
             raise ConfigError(f"must be one of {choices}, got {value!r}", field=field) from None
     if annotation is bool:
         if isinstance(value, bool):

@@ -103,7 +103,7 @@ class AttachedSegment:
 
 def remove_segments(prefix: str) -> list[str]:
     """Unlink every segment whose name starts with ``prefix`` (a crashed predecessor's); returns the names."""
-    removed = []
+    removed: list[str] = []
     if not SHM_DIR.is_dir():
         return removed
     for entry in SHM_DIR.iterdir():

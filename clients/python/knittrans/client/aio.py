@@ -10,10 +10,12 @@ under the client's :class:`~knittrans.retry.RetryPolicy` while it fails with one
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from knittrans.client.connection import UNARY_RETRY, ConnectionSettings, error_from_rpc
 from knittrans.client.model import (
@@ -72,7 +74,9 @@ class AsyncAdmissionClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _idempotent(self, method: str, request, deadline: timedelta | None, *, extra_seconds: float = 0.0):
+    async def _idempotent(
+        self, method: str, request: Message, deadline: timedelta | None, *, extra_seconds: float = 0.0
+    ) -> Any:
         timeout = (deadline or self._deadline).total_seconds() + extra_seconds
         try:
             return await self._transport.unary(method, request, timeout=timeout)
@@ -100,7 +104,8 @@ class AsyncAdmissionClient:
         ``ReserveUnits`` in the proto); returns how many reservations were new."""
         request = pb.ReserveUnitsRequest(request_id=request_id or new_request_id(),
                                          reservations=reservations_to_proto(reservations))
-        return (await self._idempotent("ReserveUnits", request, deadline)).reserved
+        response: pb.ReserveUnitsResponse = await self._idempotent("ReserveUnits", request, deadline)
+        return response.reserved
 
     async def cancel_reservations(
         self, trajectory_ids: Sequence[TrajectoryId], *, request_id: str | None = None,
@@ -109,7 +114,8 @@ class AsyncAdmissionClient:
         """Drop the reservations of trajectories that will never be reported; returns how many were held."""
         request = pb.CancelReservationsRequest(request_id=request_id or new_request_id(),
                                                trajectory_ids=list(trajectory_ids))
-        return (await self._idempotent("CancelReservations", request, deadline)).cancelled
+        response: pb.CancelReservationsResponse = await self._idempotent("CancelReservations", request, deadline)
+        return response.cancelled
 
     async def report_scheduled(
         self, rollout_step: int, count: int, *, request_id: str | None = None, deadline: timedelta | None = None
@@ -117,7 +123,8 @@ class AsyncAdmissionClient:
         request = pb.ReportScheduledRequest(
             request_id=request_id or new_request_id(), rollout_step=rollout_step, count=count
         )
-        return (await self._idempotent("ReportScheduled", request, deadline)).total_scheduled
+        response: pb.ReportScheduledResponse = await self._idempotent("ReportScheduled", request, deadline)
+        return response.total_scheduled
 
     async def register_consumer(
         self, consumer: ConsumerId, *, request_id: str | None = None, deadline: timedelta | None = None
@@ -128,7 +135,7 @@ class AsyncAdmissionClient:
 
     def watch_assignment_messages(
         self, consumer: ConsumerId, *, after_sequence: int = 0
-    ) -> AsyncIterator[pb.WatchAssignmentsResponse]:
+    ) -> AsyncGenerator[pb.WatchAssignmentsResponse, None]:
         """The raw stream (for readers that decode an assignment lazily); one connection, no retry, no
         deadline (keep-alive pings detect a dead peer). It raises ``grpc.RpcError``: a reader that
         reconnects decides which codes it retries, and maps the others with
@@ -136,7 +143,9 @@ class AsyncAdmissionClient:
         request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer), after_sequence=after_sequence)
         return self._transport.stream("WatchAssignments", request)
 
-    async def watch_assignments(self, consumer: ConsumerId, *, after_sequence: int = 0) -> AsyncIterator[Assignment]:
+    async def watch_assignments(
+        self, consumer: ConsumerId, *, after_sequence: int = 0
+    ) -> AsyncGenerator[Assignment, None]:
         """Assignments in order, decoded; the stream has no deadline (keep-alive pings detect a dead peer)."""
         messages = self.watch_assignment_messages(consumer, after_sequence=after_sequence)
         try:
@@ -155,7 +164,8 @@ class AsyncAdmissionClient:
             request_id=request_id or new_request_id(), consumer=consumer_to_proto(consumer), sequence=sequence,
             stage=progress_stage_to_proto(stage),
         )
-        return (await self._idempotent("ReportProgress", request, deadline)).released
+        response: pb.ReportProgressResponse = await self._idempotent("ReportProgress", request, deadline)
+        return response.released
 
     async def advance_version(
         self, train_batch_index: int, new_version: int, *, deadline: timedelta | None = None
@@ -163,7 +173,8 @@ class AsyncAdmissionClient:
         request = pb.AdvanceVersionRequest(
             request_id=new_request_id(), train_batch_index=train_batch_index, new_version=new_version
         )
-        return (await self._idempotent("AdvanceVersion", request, deadline)).version
+        response: pb.AdvanceVersionResponse = await self._idempotent("AdvanceVersion", request, deadline)
+        return response.version
 
     async def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
         """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""
@@ -175,7 +186,8 @@ class AsyncAdmissionClient:
         """A consumer could not read or pack a mini-batch; returns False when it had already reported one."""
         request = pb.ReportConsumerFailureRequest(request_id=request_id or new_request_id(),
                                                   failure=consumer_failure_to_proto(failure))
-        return (await self._idempotent("ReportConsumerFailure", request, deadline)).recorded
+        response: pb.ReportConsumerFailureResponse = await self._idempotent("ReportConsumerFailure", request, deadline)
+        return response.recorded
 
     async def wait_minibatch_verdict(
         self, sequence: int, *, wait: timedelta, deadline: timedelta | None = None

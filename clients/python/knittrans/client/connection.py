@@ -130,7 +130,9 @@ def error_from_rpc(error: grpc.RpcError) -> KnitTransError:
     return error_class_for_status(code.name)(message, field=field_name)
 
 
-def call(rpc: Callable[..., Response], request: Any, *, deadline: timedelta, metadata: tuple = ()) -> Response:
+def call(
+    rpc: Callable[..., Response], request: Any, *, deadline: timedelta, metadata: tuple[tuple[str, str], ...] = ()
+) -> Response:
     """One unary call with a deadline; failures raise the matching :class:`KnitTransError`."""
     try:
         return rpc(request, timeout=deadline.total_seconds(), metadata=metadata)
@@ -147,7 +149,7 @@ def call_with_retry(
     request: Any,
     *,
     deadline: timedelta,
-    metadata: tuple = (),
+    metadata: tuple[tuple[str, str], ...] = (),
     attempts_for: timedelta = timedelta(seconds=30),
     sleep: Callable[[float], None] = time.sleep,
 ) -> Response:

@@ -41,7 +41,7 @@ _OUTCOMES = {
     pb.REPORT_OUTCOME_DUPLICATE: ReportOutcome.DUPLICATE,
     pb.REPORT_OUTCOME_CONFLICT: ReportOutcome.CONFLICT,
 }
-_STAGES = {
+_STAGES: dict[ProgressStage, pb.ProgressStage] = {
     ProgressStage.DELIVERED: pb.PROGRESS_STAGE_DELIVERED,
     ProgressStage.OPTIMIZER_STEP: pb.PROGRESS_STAGE_OPTIMIZER_STEP,
     ProgressStage.VERIFIED: pb.PROGRESS_STAGE_VERIFIED,
@@ -156,8 +156,9 @@ def report_request(
     of messages), unless ``columnar`` is false or a message has no columnar form (a unit without a header,
     which the service rejects either way)."""
     request = pb.ReportTrajectoriesRequest(request_id=request_id)
-    if columnar and all(isinstance(t, TrajectoryMeta) for t in trajectories):
-        request.batch.CopyFrom(batch_from_metas(trajectories))
+    metas = [t for t in trajectories if isinstance(t, TrajectoryMeta)]
+    if columnar and len(metas) == len(trajectories):
+        request.batch.CopyFrom(batch_from_metas(metas))
         return request
     messages = [t if isinstance(t, trajectory_pb2.TrajectoryMetadata) else trajectory_to_proto(t) for t in trajectories]
     try:
@@ -193,7 +194,7 @@ def reservations_to_proto(reservations: Sequence[UnitReservation]) -> list[pb.Un
             for r in reservations]
 
 
-def progress_stage_to_proto(stage: ProgressStage) -> int:
+def progress_stage_to_proto(stage: ProgressStage) -> pb.ProgressStage:
     return _STAGES[stage]
 
 

@@ -10,8 +10,8 @@ hop: a report costs what a plain sync gRPC call costs.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
@@ -30,7 +30,7 @@ class Transport(Protocol):
     async def unary(self, method: str, request: Any, *, timeout: float) -> Any:
         """One idempotent call, retried while it fails with a retryable code."""
 
-    def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+    def stream(self, method: str, request: Any) -> AsyncGenerator[Any, None]:
         """A server stream without deadline, cancelled when the iterator is closed; not retried."""
 
     async def close(self) -> None: ...
@@ -70,7 +70,7 @@ class AioTransport(_Retrying):
         return await retry_call_async(attempt, policy=self._retry, retryable=self._retryable,
                                       on_retry=self._log_retry)
 
-    async def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+    async def stream(self, method: str, request: Any) -> AsyncGenerator[Any, None]:
         call = getattr(self._stub, method)(request, metadata=self._metadata)
         try:
             async for response in call:
@@ -96,7 +96,7 @@ class BlockingTransport(_Retrying):
         return retry_call(lambda: rpc(request, timeout=timeout, metadata=self._metadata), policy=self._retry,
                           retryable=self._retryable, on_retry=self._log_retry)
 
-    async def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+    async def stream(self, method: str, request: Any) -> AsyncGenerator[Any, None]:
         call = getattr(self._stub, method)(request, metadata=self._metadata)
         try:
             for response in call:
@@ -114,5 +114,5 @@ def run_to_completion(awaitable: Awaitable[T]) -> T:
     try:
         step(None)
     except StopIteration as done:
-        return done.value
+        return cast(T, done.value)
     raise RuntimeError("a blocking admission call suspended: it needs an event loop")

@@ -17,8 +17,9 @@ from knittrans.store.buffers import BufferLike, byte_view
 from knittrans.types import DType, UnitHeader
 
 _FROM_NUMPY_NAME = {d.value: d for d in DType}
-_TO_NUMPY = {d: np.dtype(d.value).newbyteorder("<") for d in DType if d is not DType.BFLOAT16}
-_TO_NUMPY[DType.BFLOAT16] = np.dtype("<u2")
+_TO_NUMPY: dict[DType, np.dtype[Any]] = {
+    d: np.dtype("<u2") if d is DType.BFLOAT16 else np.dtype(d.value).newbyteorder("<") for d in DType
+}
 
 
 def is_tensor(value: Any) -> bool:
@@ -57,7 +58,7 @@ def _tensor_to_numpy(tensor: Any, *, field: str) -> tuple[np.ndarray, DType]:
 
 def array_bytes(array: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array as a flat unsigned-byte view (no copy)."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array.reshape(-1).view(np.uint8).data)
 
 
 def header_of(array: np.ndarray, dtype: DType, *, sequence: bool) -> UnitHeader:
@@ -73,7 +74,7 @@ def header_of(array: np.ndarray, dtype: DType, *, sequence: bool) -> UnitHeader:
     )
 
 
-def numpy_dtype(dtype: DType) -> np.dtype:
+def numpy_dtype(dtype: DType) -> np.dtype[Any]:
     """The numpy dtype that views a unit's bytes (``uint16`` for bfloat16)."""
     return _TO_NUMPY[dtype]
 

@@ -160,5 +160,5 @@ def schedule_from_plan(
         )
         for rank in range(world)
     )
-    num_rows = {plan.encoding(e).key: rows for e, rows in num_rows_by_id.items()}
+    num_rows: dict[str, int] = {plan.encoding(e).key: rows for e, rows in num_rows_by_id.items()}
     return schedule_from_ranks(ranks=ranks, num_rows=num_rows, tp_size=b.tp)

@@ -314,9 +314,9 @@ class EncodingSchedule:
                     f"encoding {route.key!r} is in no encoder micro-batch of its owner rank {route.owner}",
                     field=f"routes[{i}]",
                 )
-            for rank in route.consumers:
-                if rank >= len(self.ranks):
-                    raise InvalidArgument(f"rank {rank} does not exist", field=f"routes[{i}].consumers")
+            for consumer in route.consumers:
+                if consumer >= len(self.ranks):
+                    raise InvalidArgument(f"rank {consumer} does not exist", field=f"routes[{i}].consumers")
 
     def _check_references(self) -> None:
         referenced = [rank.referenced_keys() for rank in self.ranks]
@@ -343,10 +343,10 @@ class EncodingSchedule:
                             field=f"{path}.num_rows",
                         )
         for i, route in enumerate(self.routes):
-            for rank in route.consumers:
-                if route.key not in referenced[rank]:
+            for consumer in route.consumers:
+                if route.key not in referenced[consumer]:
                     raise InvalidArgument(
-                        f"routes encoding {route.key!r} to rank {rank}, which never uses it",
+                        f"routes encoding {route.key!r} to rank {consumer}, which never uses it",
                         field=f"routes[{i}].consumers",
                     )
 
