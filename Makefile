@@ -51,7 +51,7 @@ proto: venv
 # Checked with mypy --strict (config in pyproject.toml); tests/unit/core/test_types.py reads this list.
 TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing knittrans.plan \
   knittrans.wire knittrans.client knittrans.train knittrans.config knittrans.shm knittrans.errors knittrans.retry \
-  knittrans.types knittrans.tensor_names knittrans.store.arrays
+  knittrans.types knittrans.tensor_names knittrans.store.arrays knittrans.packed
 
 lint: venv
 	$(VENV)/bin/ruff check .

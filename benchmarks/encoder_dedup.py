@@ -101,7 +101,8 @@ def run_variant(config: BenchConfig, variant: str) -> dict[str, Any]:
         pack_micro_batch,
         unique_keys,
     )
-    from knittrans.train import EncodingSchedule, GatheredEncodings, MinibatchEncodingReuse
+    from knittrans.train import EncodingSchedule
+    from knittrans.train.reuse import GatheredEncodings, MinibatchEncodingReuse
 
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -1,7 +1,7 @@
 """Context-parallel attention for the demo backbone: all-gather keys and values across the CP group.
 
 Under context parallelism a CP rank holds, for every packed sequence of a micro-batch, its two zigzag chunks
-(chunk r, then chunk 2cp−1−r; see :mod:`knittrans.trainer.layout`). Queries stay local. Keys and values of
+(chunk r, then chunk 2cp−1−r; see :mod:`knittrans.packed.layout`). Queries stay local. Keys and values of
 every CP rank are gathered (the simplest correct form, not ring attention), and the mask is built from what
 the tokens are in the *whole* sequence:
 

@@ -16,10 +16,10 @@ import torch
 from knittrans.demo.rollout_worker import submit_trajectory
 from knittrans.demo.workload import GeneratedSample, WorkloadSpec
 from knittrans.errors import FailedPrecondition
+from knittrans.packed.dtypes import numpy_dtype
 from knittrans.plan import Plan
 from knittrans.reorg.packing import PackSettings, backbone_layout, pack_backbone, tensor_view
 from knittrans.rollout import RolloutClient
-from knittrans.store.arrays import numpy_dtype
 from knittrans.store.protocol import UnitStore
 from knittrans.types import BACKBONE_ROLE, ConsumerId, TrajectoryMeta, UnitKey
 

@@ -57,7 +57,7 @@ class RecordingMiniBatch:
         return getattr(self._mini, name)
 
     def __iter__(self) -> Iterator[Any]:
-        from knittrans.trainer.layout import item_offsets
+        from knittrans.packed.layout import item_offsets
 
         assignment = self._mini.assignment
         for position_in_minibatch, micro in enumerate(self._mini):

@@ -39,7 +39,8 @@ from knittrans.demo.context_parallel import AttentionLayout, context_parallel_at
 from knittrans.demo.model import VisionLanguageModel, pixels
 from knittrans.demo.schedule_exchange import exchange_encoding_schedule, rank_part, schedule_from_parts
 from knittrans.errors import FailedPrecondition, InvalidArgument
-from knittrans.train import EncoderMicroBatch, EncodingSchedule, GatheredEncodings, train_minibatch
+from knittrans.train import EncoderMicroBatch, EncodingSchedule
+from knittrans.train.reuse import GatheredEncodings, train_minibatch
 from knittrans.train.transport import LocalTransport, ProcessGroupTransport, Transport
 from knittrans.types import UnitKey
 

@@ -24,9 +24,9 @@ from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel
 from knittrans.demo.schedule_exchange import exchange_encoding_schedule, rank_part
 from knittrans.demo.training import DemoTrainer, Parallelism
 from knittrans.demo.workload import WorkloadSpec, generate_samples
+from knittrans.packed.layout import item_offsets, packed_encoding_uses
 from knittrans.store.factory import open_store
 from knittrans.train import EncodingSchedule, schedule_from_plan
-from knittrans.trainer.layout import item_offsets, packed_encoding_uses
 from knittrans.types import BACKBONE_ROLE, BackboneTopology, ConsumerId, EncoderTopology, Topology
 
 SAMPLES_PER_MINIBATCH = 2

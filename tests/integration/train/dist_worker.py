@@ -31,15 +31,8 @@ from knittrans.demo.multimodal_batch import (
     pack_micro_batch,
 )
 from knittrans.errors import KnitTransError
-from knittrans.train import (
-    BackboneMicroBatch,
-    EncoderMicroBatch,
-    EncodingRoute,
-    EncodingSchedule,
-    GatheredEncodings,
-    RankSchedule,
-    train_minibatch,
-)
+from knittrans.train import BackboneMicroBatch, EncoderMicroBatch, EncodingRoute, EncodingSchedule, RankSchedule
+from knittrans.train.reuse import GatheredEncodings, train_minibatch
 from knittrans.types import UnitKey
 
 ENCODER = EncoderConfig(image_size=16, patch_size=4, dim=32, depth=2, heads=4, merge=2, out_dim=32)

@@ -38,11 +38,10 @@ from knittrans.train import (
     EncodingRoute,
     EncodingSchedule,
     EncodingUse,
-    GatheredEncodings,
     RankSchedule,
     schedule_from_plan,
-    train_minibatch,
 )
+from knittrans.train.reuse import GatheredEncodings, train_minibatch
 from knittrans.types import (
     BackboneTopology,
     EncoderTopology,

@@ -9,10 +9,10 @@ from knittrans.admission.planning import plan_minibatch
 from knittrans.demo.schedule_exchange import RankEncodingPart, rank_part, schedule_from_parts
 from knittrans.demo.workload import WorkloadSpec, generate_samples
 from knittrans.errors import InvalidArgument
+from knittrans.packed.layout import item_offsets, packed_encoding_uses
 from knittrans.plan import Plan
 from knittrans.store.arrays import header_of
 from knittrans.train import schedule_from_plan
-from knittrans.trainer.layout import item_offsets, packed_encoding_uses
 from knittrans.types import (
     BACKBONE_ROLE,
     BackboneTopology,

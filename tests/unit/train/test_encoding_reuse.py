@@ -26,14 +26,8 @@ from knittrans.demo.multimodal_batch import (
     unique_keys,
 )
 from knittrans.errors import FailedPrecondition, InvalidArgument
-from knittrans.train import (
-    EncoderMicroBatch,
-    EncodingSchedule,
-    GatheredEncodings,
-    MinibatchEncodingReuse,
-    Phase,
-    train_minibatch,
-)
+from knittrans.train import EncoderMicroBatch, EncodingSchedule
+from knittrans.train.reuse import GatheredEncodings, MinibatchEncodingReuse, Phase, train_minibatch
 from knittrans.train.schedule import EncodingRoute, EncodingUse, RankSchedule
 
 ENCODER = EncoderConfig(image_size=16, patch_size=4, dim=32, depth=2, heads=4, merge=2, out_dim=32)

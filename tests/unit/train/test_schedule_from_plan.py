@@ -17,7 +17,8 @@ from knittrans.demo.multimodal_batch import (
 )
 from knittrans.errors import InvalidArgument
 from knittrans.plan import Plan, zigzag_chunks
-from knittrans.train import EncodingUse, GatheredEncodings, schedule_from_plan, train_minibatch
+from knittrans.train import EncodingUse, schedule_from_plan
+from knittrans.train.reuse import GatheredEncodings, train_minibatch
 from knittrans.types import (
     BackboneTopology,
     EncoderTopology,

@@ -13,13 +13,11 @@ from typing import Any
 import numpy as np
 
 from knittrans.errors import InvalidArgument
+from knittrans.packed.dtypes import numpy_dtype
 from knittrans.store.buffers import BufferLike, byte_view
 from knittrans.types import DType, UnitHeader
 
 _FROM_NUMPY_NAME = {d.value: d for d in DType}
-_TO_NUMPY: dict[DType, np.dtype[Any]] = {
-    d: np.dtype("<u2") if d is DType.BFLOAT16 else np.dtype(d.value).newbyteorder("<") for d in DType
-}
 
 
 def is_tensor(value: Any) -> bool:
@@ -73,10 +71,6 @@ def header_of(array: np.ndarray, dtype: DType, *, sequence: bool) -> UnitHeader:
         seq_axis=0 if sequence else None,
     )
 
-
-def numpy_dtype(dtype: DType) -> np.dtype[Any]:
-    """The numpy dtype that views a unit's bytes (``uint16`` for bfloat16)."""
-    return _TO_NUMPY[dtype]
 
 
 def view_unit(data: BufferLike, header: UnitHeader, *, num_tokens: int | None = None) -> np.ndarray:

@@ -63,11 +63,11 @@ from knittrans.errors import (
     MiniBatchFailed,
     Unavailable,
 )
+from knittrans.packed.layout import item_offsets, packed_encoding_uses
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse
-from knittrans.trainer.layout import item_offsets, packed_encoding_uses
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 from knittrans.types import ConsumerId
 from knittrans.v1 import reorg_service_pb2 as pb

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from knittrans.errors import InvalidArgument
-from knittrans.plan import EncodingAssignment
-from knittrans.plan.proto import encoding_assignment_from_proto
-from knittrans.trainer.tensors import (  # PackedEncodingUse and TensorSpec: also imported from here
+from knittrans.packed.tensors import (  # PackedEncodingUse and TensorSpec: also imported from here
     PackedEncodingUse,
     TensorSpec,
 )
+from knittrans.plan import EncodingAssignment
+from knittrans.plan.proto import encoding_assignment_from_proto
 from knittrans.types import DType, UnitKey
 from knittrans.v1 import plan_pb2, trajectory_pb2
 from knittrans.v1 import reorg_service_pb2 as pb

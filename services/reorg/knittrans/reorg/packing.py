@@ -49,13 +49,15 @@ from enum import StrEnum
 import numpy as np
 
 from knittrans.errors import InvalidArgument
+from knittrans.packed.dtypes import numpy_dtype
+from knittrans.packed.layout import item_offsets, packed_encoding_uses
+from knittrans.packed.tensors import PackedEncodingUse, TensorSpec, aligned, check_tensor_name
 from knittrans.plan import (
     EncoderMicroBatchAssignment,
     ItemAssignment,
     MicroBatchAssignment,
     merge_spans,
 )
-from knittrans.store.arrays import numpy_dtype
 from knittrans.tensor_names import (
     CU_SEQLENS,
     CU_SEQLENS_GLOBAL,
@@ -66,8 +68,6 @@ from knittrans.tensor_names import (
     SCALAR_PRESENT_PREFIX,
     SEQ_LENGTHS,
 )
-from knittrans.trainer.layout import item_offsets, packed_encoding_uses
-from knittrans.trainer.tensors import PackedEncodingUse, TensorSpec, aligned, check_tensor_name
 from knittrans.types import ByteRange, DType, FieldAlignment, UnitKey, UnitKind, UnitRef
 
 ENCODER_INPUTS = "inputs"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from knittrans.errors import InvalidArgument
+from knittrans.packed.tensors import PackedEncodingUse
 from knittrans.plan import MicroBatchAssignment
-from knittrans.trainer.tensors import PackedEncodingUse
 
 
 def item_offsets(mb: MicroBatchAssignment, cp: int) -> tuple[int, ...]:
