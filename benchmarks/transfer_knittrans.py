@@ -47,15 +47,8 @@ from typing import Any
 import grpc
 import numpy as np
 import yaml
-from transfer_workload import (
-    StepMeasurement,
-    Workload,
-    WorkloadConfig,
-    arm_report,
-    build_workload,
-    prompt_images,
-    trajectory_fields,
-)
+from transfer_accounting import StepMeasurement, arm_report
+from transfer_workload import Workload, WorkloadConfig, build_workload, prompt_images, trajectory_fields
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
