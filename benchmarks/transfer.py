@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transfer_accounting import describe
 from transfer_knittrans import run_knittrans_arms
 from transfer_tq import DEFAULT_VENV, run_transferqueue_arms
-from transfer_workload import add_workload_arguments, build_workload, config_from_arguments, describe
+from transfer_workload import add_workload_arguments, build_workload, config_from_arguments
 
 from knittrans.trainer import DeliveryMode
 

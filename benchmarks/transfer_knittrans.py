@@ -28,191 +28,30 @@ checks that every real token and every distinct image was delivered.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
-import yaml
-from transfer_workload import (
-    StepMeasurement,
-    Workload,
-    WorkloadConfig,
-    arm_report,
-    build_workload,
-    prompt_images,
-    trajectory_fields,
-)
+from transfer_accounting import StepMeasurement, arm_report
+from transfer_knittrans_cluster import ENCODER, Cluster, Consumer, image_cost, start_cluster
+from transfer_workload import Workload, WorkloadConfig, build_workload, prompt_images, trajectory_fields
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.rollout import MultimodalInput, RolloutClient, Trajectory
-from knittrans.shm import list_segments
 from knittrans.store.factory import open_store
 from knittrans.trainer import DeliveryMode, TrainerClient, TrainerSettings
 from knittrans.types import TokenSpan, TrajectoryMeta, VersionSegment
-from knittrans.v1 import reorg_service_pb2, reorg_service_pb2_grpc
 
 logger = logging.getLogger("transfer_knittrans")
-
-KNITTRANS = str(Path(sys.executable).with_name("knittrans"))
-ENCODER = "vision"
-PATCH = 14
-
-
-# ------------------------------------------------------------------------------------------------ processes
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-    ready: dict = field(default_factory=dict)
-
-    def stop(self, timeout: float = 20.0) -> int:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.popen.pid, signal.SIGKILL)
-            return self.popen.wait()
-
-
-def _spawn(name: str, command: list[str], directory: Path, ready: Path) -> Process:
-    log = directory / f"{name}.log"
-    with open(log, "ab") as handle:
-        popen = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-    return Process(name=name, popen=popen, log=log, ready={"file": str(ready)})
-
-
-def _wait_ready(processes: Sequence[Process], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        ready = Path(process.ready["file"])
-        while not ready.exists():
-            if process.popen.poll() is not None or time.monotonic() > deadline:
-                tail = process.log.read_text()[-3000:] if process.log.exists() else ""
-                raise RuntimeError(f"{process.name} did not start:\n{tail}")
-            time.sleep(0.05)
-        process.ready.update(json.loads(ready.read_text()))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Consumer:
-    role: str
-    dp_rank: int
-    cp_rank: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.role.replace(':', '_')}-dp{self.dp_rank}-cp{self.cp_rank}"
-
-
-@dataclass
-class Cluster:
-    directory: Path
-    job: str
-    store_url: str
-    admission: Process
-    sidecars: dict[Consumer, Process]
-    mooncake: Any = None
-
-    @property
-    def address(self) -> str:
-        return self.admission.ready["address"]
-
-    def socket(self, consumer: Consumer) -> str:
-        return self.sidecars[consumer].ready["address"]
-
-    def statuses(self) -> dict[Consumer, reorg_service_pb2.GetReorgStatusResponse]:
-        result = {}
-        for consumer, process in self.sidecars.items():
-            with grpc.insecure_channel(process.ready["address"]) as channel:
-                result[consumer] = reorg_service_pb2_grpc.ReorgServiceStub(channel).GetReorgStatus(
-                    reorg_service_pb2.GetReorgStatusRequest(), timeout=10)
-        return result
-
-    def stop(self) -> list[str]:
-        """Stop everything; returns the shared-memory segments the sidecars left (should be none)."""
-        for process in self.sidecars.values():
-            process.stop()
-        self.admission.stop()
-        left = list_segments(f"knittrans-{self.job}-")
-        if self.mooncake is not None:
-            self.mooncake.stop()
-        elif self.store_url.startswith("file://"):
-            import shutil
-
-            shutil.rmtree(self.store_url.removeprefix("file://"), ignore_errors=True)
-        return left
-
-
-def image_cost(config: WorkloadConfig) -> float:
-    """Encoder cost of one image: its patch count."""
-    return float(max(1, (config.image_height // PATCH) * (config.image_width // PATCH)))
-
-
-def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots: int,
-                  encoder_microbatch_images: int) -> Cluster:
-    job = f"bench{uuid.uuid4().hex[:6]}"
-    mooncake = None
-    if store == "mooncake":
-        from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
-
-        mooncake = start_mooncake(MooncakeClusterConfig(segment_size=2048 << 20), log_dir=directory / "mooncake")
-        store_url = mooncake.store_url
-    else:
-        store_url = f"file:///dev/shm/knittrans-{job}"
-    topology = {
-        "backbone": {"dp": config.dp, "cp": config.cp, "tp": config.tp,
-                     "max_tokens_per_microbatch": config.max_tokens_per_micro_batch},
-        "encoders": [{"name": ENCODER, "dp": config.dp,
-                      "max_cost_per_microbatch": encoder_microbatch_images * image_cost(config)}],
-    }
-    admission_config = directory / "admission.yaml"
-    admission_config.write_text(yaml.safe_dump({
-        "job": job, "store": store_url, "topology": topology,
-        "engine": {"train_batch_size": config.num_trajectories, "num_minibatches": 1, "sources": {"bench": 1.0}},
-        "server": {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}},
-    }))
-    ready = directory / "admission.ready"
-    admission = _spawn("admission", [KNITTRANS, "admission", "serve", "--config", str(admission_config),
-                                     "--ready-file", str(ready)], directory, ready)
-    _wait_ready([admission])
-    reorg_config = directory / "reorg.yaml"
-    reorg_config.write_text(yaml.safe_dump({"job": job, "store": store_url, "ring": {"slots": slots},
-                                            "server": {"metrics": {"port": -1}}}))
-    consumers = [Consumer(role="backbone", dp_rank=d, cp_rank=c) for d in range(config.dp) for c in range(config.cp)]
-    consumers += [Consumer(role=f"encoder:{ENCODER}", dp_rank=d) for d in range(config.dp)]
-    sidecars = {}
-    for consumer in consumers:
-        ready = directory / f"{consumer.name}.ready"
-        sidecars[consumer] = _spawn(
-            consumer.name,
-            [KNITTRANS, "--log-level", "WARNING", "reorg", "serve", "--config", str(reorg_config), "--role",
-             consumer.role, "--dp-rank", str(consumer.dp_rank), "--cp-rank", str(consumer.cp_rank), "--admission",
-             admission.ready["address"], "--ready-file", str(ready)],
-            directory, ready,
-        )
-    _wait_ready(list(sidecars.values()))
-    return Cluster(directory=directory, job=job, store_url=store_url, admission=admission, sidecars=sidecars,
-                   mooncake=mooncake)
 
 
 # ------------------------------------------------------------------------------------------------ data

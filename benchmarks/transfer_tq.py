@@ -43,7 +43,7 @@ class TransferQueueArmError(RuntimeError):
 
 
 def _arm_environment() -> dict[str, str]:
-    """The arm's environment: the SDK's sources on its path, for the zigzag arithmetic transfer_workload shares
+    """The arm's environment: the SDK's sources on its path, for the zigzag arithmetic transfer_placement shares
     with the plan (knittrans.plan.geometry needs numpy only, which the venv has)."""
     sdk = str(REPO_ROOT / "clients" / "python")
     path = os.environ.get("PYTHONPATH")

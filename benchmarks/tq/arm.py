@@ -32,21 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import transfer_queue as tq
+from transfer_accounting import StepMeasurement, arm_report, compute_seconds, describe
+from transfer_placement import DpAssignment, MicroBatch, assign_dp, plan_micro_batches
 from transfer_workload import (
-    DpAssignment,
-    MicroBatch,
     RankCoord,
-    StepMeasurement,
     Workload,
     WorkloadConfig,
     add_workload_arguments,
-    arm_report,
-    assign_dp,
     build_workload,
-    compute_seconds,
     config_from_arguments,
-    describe,
-    plan_micro_batches,
 )
 
 from tq.layout import IMAGE_PARTITION, IMAGES_FIELD, TRAJECTORY_PARTITION, Layout, StoredStep, clear_step, write_step

@@ -12,9 +12,11 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from knittrans.admission.engine import decide
 from knittrans.admission.service.app import start_admission_service
 from knittrans.admission.service.ingest.report import classify
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings, all_consumers
+from knittrans.admission.service.records import record_for
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import error_from_rpc
 from knittrans.errors import InvalidArgument
@@ -100,7 +102,7 @@ def test_failures_and_the_schema_are_rebuilt_by_replaying_the_journal() -> None:
     records = [journal_pb2.JournalRecord(at=1.0, report=pb.ReportTrajectoriesRequest(
         request_id="r", trajectories=[trajectory_to_proto(make_meta(i, source="AB"[i % 2])) for i in range(4)]))]
     live.apply(records[0])
-    records.append(live.record_for(live.decide(2.0), 2.0))
+    records.append(record_for(decide(live.engine, 2.0, live.version), 2.0, live.last_wait))
     live.apply(records[1])
     records.append(journal_pb2.JournalRecord(at=3.0, consumer_failure=failure(BACKBONE[0], 1)))
     records.append(records[-1])  # journaled twice: replaying it twice changes nothing

@@ -7,10 +7,11 @@ import hashlib
 
 import pytest
 
-from knittrans.admission.engine import EngineConfig
+from knittrans.admission.engine import EngineConfig, decide
 from knittrans.admission.engine.decisions import Wait
 from knittrans.admission.service.ingest.report import classify
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
+from knittrans.admission.service.records import record_for
 from knittrans.errors import InvalidArgument
 from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import BackboneTopology, EncoderTopology, Topology
@@ -82,8 +83,8 @@ class Journaled:
 
     def admit_until_wait(self) -> None:
         while True:
-            decision = self.ledger.decide(self.now)
-            record = self.ledger.record_for(decision, self.now)
+            decision = decide(self.ledger.engine, self.now, self.ledger.version)
+            record = record_for(decision, self.now, self.ledger.last_wait)
             if record is not None:
                 self.commit(record)
             if isinstance(decision, Wait):

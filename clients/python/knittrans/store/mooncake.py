@@ -45,6 +45,7 @@ from knittrans.retry import Backoff, RetryPolicy
 from knittrans.store.buffers import BufferLike, address_of, byte_view, writable_byte_view
 from knittrans.store.hashing import content_hash
 from knittrans.store.mooncake_errors import MooncakeCode, mooncake_error
+from knittrans.store.mooncake_removal import LEASED, LeasedRemovals
 from knittrans.store.protocol import PutResult, ReadStats, ReadTally, UnitRead, UnitWrite, dedupe_writes
 from knittrans.types import ByteRange, UnitKey
 
@@ -53,8 +54,6 @@ logger = logging.getLogger(__name__)
 MIB = 1 << 20
 # Mooncake takes offsets as uint64 and adds lengths to them; no unit comes near this end.
 _MAX_RANGE_END = (1 << 63) - 1
-_LEASED = (MooncakeCode.OBJECT_HAS_LEASE, MooncakeCode.OBJECT_HAS_REPLICATION_TASK)
-_REMOVED = (MooncakeCode.OK, MooncakeCode.OBJECT_NOT_FOUND)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,9 +98,8 @@ class MooncakeStoreConfig:
         return int(self.master_address.rpartition(":")[2])
 
 
-# Waiting for space (the store evicts, or readers release leases) and for leases on deleted units to expire.
+# Waiting for space (the store evicts, or readers release leases).
 _FULL_RETRY = RetryPolicy(initial=0.01, cap=0.5)
-_LEASE_RETRY = RetryPolicy(initial=0.05, cap=1.0)
 
 
 class MooncakeUnitStore:
@@ -112,11 +110,6 @@ class MooncakeUnitStore:
         self._stats = ReadStats()
         self._lock = threading.RLock()
         self._registered: dict[int, int] = {}  # start address -> end address of long-lived registrations
-        # Keys deleted while leased, removed by the reaper thread; guarded by _pending_changed.
-        self._pending_removal: dict[UnitKey, None] = {}
-        self._pending_changed = threading.Condition(threading.Lock())
-        self._reaper: threading.Thread | None = None
-        self._stop_reaping = False
         self._check_master_reachable()
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
@@ -136,6 +129,7 @@ class MooncakeUnitStore:
             raise Unavailable(f"mooncake setup failed with code {code}", field=config.master_address)
         self._replicate = ReplicateConfig()
         self._replicate.with_hard_pin = config.hard_pin
+        self._removals = LeasedRemovals(self._client, self._lock, config.lease_retry_seconds)
         self._closed = False
 
     def _check_master_reachable(self) -> None:
@@ -168,7 +162,7 @@ class MooncakeUnitStore:
         if not unique:
             return PutResult()
         self._check_fits(unique)
-        self._finish_pending_removal([w.key for w in unique])
+        self._removals.remove_before_rewrite([w.key for w in unique])
         with self._lock:
             keys = [w.key for w in unique]
             present = set(self._existing(keys))
@@ -274,9 +268,8 @@ class MooncakeUnitStore:
             return results
 
     def _check_readable(self, read: UnitRead) -> None:
-        with self._pending_changed:
-            if read.key in self._pending_removal:
-                raise UnitNotFound("no such unit (deleted)", field=read.key)
+        if self._removals.pending((read.key,)):
+            raise UnitNotFound("no such unit (deleted)", field=read.key)
         for byte_range in read.ranges or ():
             if byte_range.end > _MAX_RANGE_END:
                 raise InvalidArgument(
@@ -334,8 +327,7 @@ class MooncakeUnitStore:
     def exists(self, keys: Sequence[UnitKey]) -> list[bool]:
         if not keys:
             return []
-        with self._pending_changed:
-            deleted = {key for key in keys if key in self._pending_removal}
+        deleted = self._removals.pending(keys)
         with self._lock:
             present = set(self._existing([key for key in keys if key not in deleted]))
         return [key in present for key in keys]
@@ -345,8 +337,7 @@ class MooncakeUnitStore:
         leases the units it finds. A unit without a complete replica is not readable, so it counts as missing."""
         if not keys:
             return []
-        with self._pending_changed:
-            deleted = {key for key in keys if key in self._pending_removal}
+        deleted = self._removals.pending(keys)
         wanted = list(dict.fromkeys(key for key in keys if key not in deleted))
         with self._lock:
             replicas = self._client.batch_get_replica_desc(wanted) if wanted else {}
@@ -356,8 +347,8 @@ class MooncakeUnitStore:
     def delete_many(self, keys: Sequence[UnitKey]) -> int:
         """Remove units without waiting for read leases: a leased unit (-706) is removed in the background
         once its lease ends. Returns how many of the keys existed (and were not being removed already)."""
-        with self._pending_changed:
-            unique = [key for key in dict.fromkeys(keys) if key not in self._pending_removal]
+        deleted = self._removals.pending(keys)
+        unique = [key for key in dict.fromkeys(keys) if key not in deleted]
         if not unique:
             return 0
         with self._lock:
@@ -368,96 +359,22 @@ class MooncakeUnitStore:
         for key, code in zip(unique, codes, strict=True):
             if code == MooncakeCode.OK:
                 removed += 1
-            elif code in _LEASED:
+            elif code in LEASED:
                 leased.append(key)
             elif code != MooncakeCode.OBJECT_NOT_FOUND and failure is None:
                 failure = mooncake_error(code, key=key, operation="batch_remove")
         if leased:
-            self._schedule_removal(leased)
+            self._removals.schedule(leased)
         if failure is not None:
             raise failure
         return removed + len(leased)
 
     def wait_removed(self, keys: Sequence[UnitKey]) -> None:
-        wanted = set(keys)
-        with self._pending_changed:
-            done = self._pending_changed.wait_for(lambda: wanted.isdisjoint(self._pending_removal),
-                                                  timeout=self._config.lease_retry_seconds)
-            if not done:
-                still = sorted(wanted.intersection(self._pending_removal))
-                raise StoreError(f"{len(still)} deleted units are still leased after "
-                                 f"{self._config.lease_retry_seconds:.1f}s", field=still[0])
+        self._removals.wait_removed(keys)
 
     def pending_removals(self) -> int:
         """How many deleted units are still waiting for a lease to end."""
-        with self._pending_changed:
-            return len(self._pending_removal)
-
-    def _schedule_removal(self, keys: Sequence[UnitKey]) -> None:
-        with self._pending_changed:
-            self._pending_removal.update(dict.fromkeys(keys))
-            if self._reaper is None:  # the reaper clears this under the same lock when it ends
-                self._reaper = threading.Thread(target=self._reap, name="knittrans-mooncake-removal", daemon=True)
-                self._reaper.start()
-            self._pending_changed.notify_all()
-        logger.debug("%d deleted units are leased by readers; removing them in the background", len(keys))
-
-    def _reap(self) -> None:
-        """Retry removing leased units, with back-off, until none is left or close() gives up on them."""
-        delays = _LEASE_RETRY.delays()
-        while True:
-            with self._pending_changed:
-                if self._stop_reaping or not self._pending_removal:
-                    self._reaper = None
-                    return
-            with self._lock:  # taken before reading the pending keys: a rewrite pops its keys under it
-                with self._pending_changed:
-                    keys = list(self._pending_removal)
-                if not keys:
-                    continue
-                try:
-                    codes = self._client.batch_remove(keys, False)
-                except Exception:  # a transient client failure must not kill the thread that owes removals
-                    logger.exception("mooncake batch_remove of %d deleted units failed; retrying", len(keys))
-                    codes = [MooncakeCode.INTERNAL_ERROR] * len(keys)
-            unexpected = [(k, c) for k, c in zip(keys, codes, strict=True) if c not in _REMOVED and c not in _LEASED]
-            if unexpected:
-                logger.warning("removing %d deleted units failed (first %r: %s); retrying", len(unexpected),
-                               unexpected[0][0], mooncake_error(unexpected[0][1], key=unexpected[0][0],
-                                                                 operation="batch_remove"))
-            with self._pending_changed:
-                for key, code in zip(keys, codes, strict=True):
-                    if code in _REMOVED:
-                        self._pending_removal.pop(key, None)
-                self._pending_changed.notify_all()  # wakes close() and wait_removed()
-                if not self._pending_removal:
-                    continue
-                self._pending_changed.wait(timeout=next(delays))
-
-    def _finish_pending_removal(self, keys: Sequence[UnitKey]) -> None:
-        """Rewriting a key deleted under a lease: remove the old unit first (waiting for its lease), so the
-        background removal cannot take the new one."""
-        with self._pending_changed:
-            mine = [key for key in keys if key in self._pending_removal]
-            for key in mine:
-                del self._pending_removal[key]
-        remaining = mine
-        backoff = Backoff(replace(_LEASE_RETRY, deadline=self._config.lease_retry_seconds))
-        while remaining:
-            with self._lock:
-                codes = self._client.batch_remove(remaining, False)
-            for key, code in zip(remaining, codes, strict=True):
-                if code not in _REMOVED and code not in _LEASED:
-                    self._schedule_removal(remaining)
-                    raise mooncake_error(code, key=key, operation="batch_remove")
-            remaining = [k for k, c in zip(remaining, codes, strict=True) if c in _LEASED]
-            if remaining and not backoff.sleep():
-                self._schedule_removal(remaining)
-                raise StoreError(
-                    f"cannot rewrite {len(remaining)} deleted units still leased after "
-                    f"{self._config.lease_retry_seconds:.1f}s",
-                    field=remaining[0],
-                )
+        return self._removals.count()
 
     def register_buffer(self, buffer: BufferLike) -> None:
         view = writable_byte_view(buffer)
@@ -478,7 +395,7 @@ class MooncakeUnitStore:
                 self._client.unregister_buffer(start)
 
     def close(self) -> None:
-        self._drain_pending_removal()
+        self._removals.drain()
         with self._lock:
             if self._closed:
                 return
@@ -487,20 +404,6 @@ class MooncakeUnitStore:
                 self._client.unregister_buffer(start)
             self._registered.clear()
             self._client.close()
-
-    def _drain_pending_removal(self) -> None:
-        """Give leased removals up to ``lease_retry_seconds`` to finish, then stop the reaper."""
-        with self._pending_changed:
-            self._pending_changed.wait_for(lambda: not self._pending_removal, timeout=self._config.lease_retry_seconds)
-            left = len(self._pending_removal)
-            self._stop_reaping = True
-            self._pending_changed.notify_all()
-            reaper = self._reaper
-        if reaper is not None:
-            reaper.join()
-        if left:
-            logger.warning("%d deleted units were still leased after %.1fs and stay in the store", left,
-                           self._config.lease_retry_seconds)
 
     # -- buffer registration ------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 :class:`AdmissionLedger` holds the engine state, the reported metadata, the unit index with its reference
 counts, the admitted mini-batches with the consumers that still owe their optimizer step, and every
 consumer's acknowledged stream position. It does no I/O and reads no clock: the servicer builds a
-:class:`~knittrans.v1.journal_pb2.JournalRecord` for each change, journals it, then applies it here. Recovery
-applies the journaled records in order and arrives at the same state.
+:class:`~knittrans.v1.journal_pb2.JournalRecord` for each change (:mod:`.records` for the engine's decisions),
+journals it, then applies it here. Recovery applies the journaled records in order and arrives at the same state.
 
 Reported metadata stays in the columns it was validated in (:class:`~.trajectory_columns.TrajectoryColumns`,
 one block per applied report): a trajectory becomes a message only when it is admitted (for its consumers),
@@ -21,13 +21,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries, decide
-from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
+from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
+from knittrans.admission.engine.decisions import BlockingReason, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.index import UnitIndex
 from knittrans.admission.service.ingest.report import Classified, check_keys, check_media, replayed_report
 from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
+from knittrans.admission.service.records import admit_of, drop_of, failure_consumer, wait_of
 from knittrans.admission.service.schema import JobSchema, schema_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition, InvalidArgument
@@ -45,20 +46,8 @@ from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2
 
 logger = logging.getLogger(__name__)
 
-_BLOCKING_TO_PROTO = {r: admission_pb2.BlockingReason.Value(f"BLOCKING_REASON_{r.name}") for r in BlockingReason}
-_BLOCKING_FROM_PROTO = {number: reason for reason, number in _BLOCKING_TO_PROTO.items()}
-_DROP_TO_PROTO = {r: admission_pb2.DropReason.Value(f"DROP_REASON_{r.name}") for r in DropReason}
-_DROP_FROM_PROTO = {number: reason for reason, number in _DROP_TO_PROTO.items()}
 _BLOCK_SHIFT = 20  # a row handle is (block number << 20) | row; a report holds at most 100,000 trajectories
 RECENT_FAILURES = 16  # consumer failures GetStatus lists
-
-
-def failure_consumer(failure: admission_service_pb2.ConsumerFailure) -> ConsumerId:
-    return ConsumerId(role=failure.consumer.role, dp_rank=failure.consumer.dp_rank, cp_rank=failure.consumer.cp_rank)
-
-
-def blocking_to_proto(reason: BlockingReason) -> int:
-    return _BLOCKING_TO_PROTO[reason]
 
 
 def all_consumers(topology: Topology) -> tuple[ConsumerId, ...]:
@@ -186,41 +175,6 @@ class AdmissionLedger:
                 raise InvalidArgument(exc.message, field=f"{field_prefix}.{exc.field}") from exc
             raise InvalidArgument(f"{consumer} is not a planned consumer", field=f"{field_prefix}.role")
 
-    # -- deciding --------------------------------------------------------------------------------------
-
-    def decide(self, now: float) -> Decision:
-        return decide(self.engine, now, self.version)
-
-    def record_for(self, decision: Decision, now: float) -> journal_pb2.JournalRecord | None:
-        """The journal record that carries out ``decision``; None for a wait that changes nothing."""
-        if isinstance(decision, Admit):
-            return journal_pb2.JournalRecord(
-                at=now,
-                admission=admission_pb2.MiniBatchAdmission(
-                    train_batch_index=decision.train_batch_index,
-                    minibatch_index=decision.minibatch_index,
-                    num_minibatches=decision.num_minibatches,
-                    train_version=decision.train_version,
-                    trajectory_ids=decision.trajectory_ids,
-                    admitted_at=decision.admitted_at,
-                ),
-            )
-        if isinstance(decision, Drop):
-            return journal_pb2.JournalRecord(
-                at=now,
-                drop=admission_pb2.TrajectoryDrop(
-                    trajectory_ids=decision.trajectory_ids, reason=_DROP_TO_PROTO[decision.reason],
-                    detail=decision.detail,
-                ),
-            )
-        previous = self.last_wait
-        if previous is not None and previous.reason is decision.reason and previous.since == decision.since:
-            return None
-        return journal_pb2.JournalRecord(
-            at=decision.since,
-            wait=admission_pb2.AdmissionWait(reason=_BLOCKING_TO_PROTO[decision.reason], detail=decision.detail),
-        )
-
     # -- applying records (the only mutation) ----------------------------------------------------------
 
     def apply(self, record: journal_pb2.JournalRecord, prepared: Classified | None = None) -> Applied:
@@ -296,31 +250,21 @@ class AdmissionLedger:
         return Applied()
 
     def _apply_wait(self, record: journal_pb2.JournalRecord) -> Applied:
-        wait = Wait(reason=_BLOCKING_FROM_PROTO[record.wait.reason], detail=record.wait.detail, since=record.at)
+        wait = wait_of(record)
         self.engine.apply(wait)
         changed = self.last_wait is None or self.last_wait.reason is not wait.reason
         self.last_wait = wait
         return Applied(changed_blocking=changed)
 
     def _apply_admission(self, record: journal_pb2.JournalRecord) -> Applied:
-        admission = record.admission
-        ids = tuple(TrajectoryId(t) for t in admission.trajectory_ids)
-        completes = admission.minibatch_index == admission.num_minibatches - 1
-        before = self.engine.status() if completes else None
-        self.engine.apply(
-            Admit(
-                trajectory_ids=ids,
-                train_batch_index=admission.train_batch_index,
-                minibatch_index=admission.minibatch_index,
-                num_minibatches=admission.num_minibatches,
-                train_version=admission.train_version,
-                admitted_at=admission.admitted_at,
-            )
-        )
+        admit = admit_of(record)
+        ids = admit.trajectory_ids
+        before = self.engine.status() if admit.completes_train_batch else None
+        self.engine.apply(admit)
         if before is not None and self._batch_below_quota(before, ids):
             self.quota_violations += 1
         minibatch = AdmittedMiniBatch(
-            sequence=self.next_sequence, admission=admission, trajectory_ids=ids, owed_steps=set(self.consumers)
+            sequence=self.next_sequence, admission=record.admission, trajectory_ids=ids, owed_steps=set(self.consumers)
         )
         self.minibatches[minibatch.sequence] = minibatch
         self.next_sequence += 1
@@ -338,10 +282,9 @@ class AdmissionLedger:
         return any(s.admitted + len(units.get(s.source, ())) < s.quota for s in before.sources)
 
     def _apply_drop(self, record: journal_pb2.JournalRecord) -> Applied:
-        drop = record.drop
-        reason = _DROP_FROM_PROTO[drop.reason]
-        ids = tuple(TrajectoryId(t) for t in drop.trajectory_ids)
-        self.engine.apply(Drop(trajectory_ids=ids, reason=reason, detail=drop.detail))
+        drop = drop_of(record)
+        ids, reason = drop.trajectory_ids, drop.reason
+        self.engine.apply(drop)
         if reason is DropReason.STALE:
             self.dropped_stale += len(ids)
         freed = self._release_trajectories(ids)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from knittrans.admission.engine.decisions import BlockingReason
 from knittrans.admission.service.assignments import MiniBatchDispatch
 from knittrans.admission.service.ingest.report import CONFLICT, Classified
-from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Verdict, blocking_to_proto
+from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Verdict
+from knittrans.admission.service.records import blocking_to_proto
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.wire import consumer_to_proto

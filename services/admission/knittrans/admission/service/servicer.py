@@ -21,8 +21,9 @@ from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
 from knittrans.admission.service.journal import Journal
-from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict, failure_consumer
+from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict
 from knittrans.admission.service.metrics import AdmissionMetrics
+from knittrans.admission.service.records import failure_consumer, record_for
 from knittrans.admission.service.responses import (
     assignment_response,
     outcome_counts,
@@ -236,7 +237,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 self._failure = str(exc)
                 return
             self._failure = ""
-            record = ledger.record_for(decision, now)
+            record = record_for(decision, now, ledger.last_wait)
             if record is not None:
                 if isinstance(decision, Admit) and self._journal.keeps_records:
                     applied = await self._commit_admission(record, decision)

@@ -1,48 +1,9 @@
-"""Packing one consumer's micro-batch into training inputs (pure: numpy only, no I/O, no clock).
-
-A backbone micro-batch is packed THD-style for one CP rank (the layout :mod:`knittrans.train.plan_adapter`
-assumes): its items in plan order, each contributing its CP rank's two zigzag chunks (chunk r, then chunk
-2cp−1−r) at their padded length, ``padded_tokens / cp`` tokens per item; the whole stream is then padded
-to ``pack_multiple``. Tensors, each at a 64-byte-aligned offset of one buffer (a shared-memory slot):
-
-- one tensor per per-token field, named after the field, ``[T, *per_token_shape]`` in the stored dtype
-  (padding rows: ``pad_token_id`` for the tokens field, 0 otherwise);
-- ``labels`` (int64 ``[T]``): the next token of the tokens field, ``label_ignore_index`` where there is none
-  (sequence end, padding). Other label fields get ``<field>.next``;
-- ``position_ids`` (int64 ``[T]``): global positions of the zigzag chunks (padded coordinates), so every CP
-  rank sees the positions the tokens have in the whole sequence;
-- ``cu_seqlens`` (int32 ``[n+1]``): item boundaries in the packed stream; ``cu_seqlens_global`` (int32
-  ``[n+1]``): boundaries of the padded sequences before the CP split (what THD attention with CP wants);
-  ``seq_lengths`` (int32 ``[n]``): real lengths;
-- one tensor per non-sequence field, ``[n, *shape]``;
-- per scalar that any item of the micro-batch has: ``scalar.<name>`` (float64 ``[n]``, NaN for an item that
-  lacks it) and ``scalar_present.<name>`` (uint8 ``[n]``, 1 where the item has it). Trajectories of one job
-  may carry different scalar sets (a reward model that scores some of them, say); the mask tells a missing
-  value from a reported NaN.
-
-**Alignment.** Every per-target field reaches the trainer *label-aligned*, like ``labels``: packed position t
-carries what concerns the prediction of ``labels[t]``. A unit the rollout declared token-aligned
-(:class:`~knittrans.types.FieldAlignment`) is shifted left by one inside its trajectory (packed ``[t]`` =
-stored ``[t+1]``, 0 at the last real token), which needs the token after each CP chunk: the planner reads it
-with one token of look-ahead, as it does for label fields. A label-aligned or undeclared unit is packed as
-stored. The loss mask (``loss_mask_field``) is also 0 at each trajectory's last real token, whose label is
-ignored; without a stored one it is generated (uint8, 1 on every real token that has a label). So
-``count_nonzero(loss_mask)`` over all ranks is exactly the positions the loss uses, which the rollout reported
-as ``num_loss_tokens`` and the planner sums into the mini-batch's global loss-token count.
-
-The work is split so that the bytes can be read *straight into place*: :func:`backbone_layout` says where
-every read lands (directly in its final tensor where the packed layout keeps the read's bytes contiguous,
-otherwise in a scratch buffer), the reader moves the bytes, and :func:`fill_backbone` writes the rest
-(padding, labels, positions, boundaries, scratch copies). :func:`pack_backbone` runs the three steps on
-bytes already in memory.
-
-Encoder micro-batches hold unique multimodal inputs, read whole into ``inputs`` (``[n, *shape]`` when all
-share dtype and shape, otherwise ``inputs.<k>`` each).
-"""
+"""Where everything of a packed micro-batch goes: the tensors' offsets in the slot, and where each read lands
+(pure; see :mod:`knittrans.reorg.packing` for the layout itself)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -112,7 +73,7 @@ class ReadPlacement:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _TokenField:
+class TokenField:
     name: str
     dtype: DType
     row_shape: tuple[int, ...]
@@ -124,7 +85,7 @@ class _TokenField:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _ItemReads:
+class ItemReads:
     """Per item: for each token field, the placement index; non-sequence placements; token-aligned fields."""
 
     token: Mapping[str, int]
@@ -134,7 +95,7 @@ class _ItemReads:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class PackLayout:
-    """Where everything of one packed micro-batch goes (see the module docstring)."""
+    """Where everything of one packed micro-batch goes (see :mod:`knittrans.reorg.packing`)."""
 
     tensors: tuple[TensorSpec, ...]
     used_bytes: int
@@ -144,8 +105,8 @@ class PackLayout:
     num_tokens: int  # packed tokens, trailing padding included
     real_end: int = 0  # end of the last item (cu_seqlens[-1]); trailing padding follows
     encodings: tuple[PackedEncodingUse, ...] = ()
-    token_fields: tuple[_TokenField, ...] = ()
-    item_reads: tuple[_ItemReads, ...] = ()
+    token_fields: tuple[TokenField, ...] = ()
+    item_reads: tuple[ItemReads, ...] = ()
 
     @property
     def needed_bytes(self) -> int:
@@ -188,10 +149,6 @@ def tensor_view(buffer: np.ndarray, spec: TensorSpec) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _chunk_tokens(item: ItemAssignment) -> int:
-    return item.chunks[0].padded.length
-
-
 def _check_item(item: ItemAssignment, cp: int, where: str) -> None:
     if len(item.chunks) != 2:
         raise InvalidArgument(f"needs two zigzag chunks, got {len(item.chunks)}", field=f"{where}.chunks")
@@ -205,8 +162,8 @@ def _check_item(item: ItemAssignment, cp: int, where: str) -> None:
             raise InvalidArgument("real tokens must start the chunk", field=f"{where}.chunks[{k}].tokens")
 
 
-def _token_fields(mb: MicroBatchAssignment, settings: PackSettings) -> tuple[_TokenField, ...]:
-    fields: dict[str, _TokenField] = {}
+def _token_fields(mb: MicroBatchAssignment, settings: PackSettings) -> tuple[TokenField, ...]:
+    fields: dict[str, TokenField] = {}
     for i, item in enumerate(mb.items):
         names = set()
         for r, read in enumerate(item.reads):
@@ -221,7 +178,7 @@ def _token_fields(mb: MicroBatchAssignment, settings: PackSettings) -> tuple[_To
             if shifted and not read.look_ahead:
                 raise InvalidArgument("a token-aligned field is packed shifted by one and needs look-ahead reads",
                                       field=f"items[{i}].reads[{r}].look_ahead")
-            field = _TokenField(name=unit.field_name, dtype=unit.header.dtype, row_shape=unit.header.shape[1:],
+            field = TokenField(name=unit.field_name, dtype=unit.header.dtype, row_shape=unit.header.shape[1:],
                                 labels=read.look_ahead and not shifted)
             known = fields.setdefault(unit.field_name, field) if i == 0 else fields.get(unit.field_name)
             if known != field:
@@ -313,7 +270,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
         alloc.add(f"{SCALAR_PRESENT_PREFIX}{name}", DType.UINT8, (n,))
 
     reads: list[ReadPlacement] = []
-    item_reads: list[_ItemReads] = []
+    item_reads: list[ItemReads] = []
     scratch_end = 0
     for i, (item, offset) in enumerate(zip(mb.items, offsets, strict=True)):
         token_placements: dict[str, int] = {}
@@ -350,7 +307,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
                 field_placements[unit.field_name] = len(reads)
                 reads.append(ReadPlacement(key=unit.key, ranges=None, destination=Destination.SLOT, offset=start,
                                            byte_length=unit.header.byte_length))
-        item_reads.append(_ItemReads(token=token_placements, fields=field_placements, shifted=frozenset(shifted)))
+        item_reads.append(ItemReads(token=token_placements, fields=field_placements, shifted=frozenset(shifted)))
 
     return PackLayout(
         tensors=tuple(alloc.specs),
@@ -369,144 +326,6 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
 _INTEGER_DTYPES = frozenset(
     {DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.UINT32, DType.INT64}
 )
-
-
-def _scratch_rows(scratch: np.ndarray, placement: ReadPlacement, field: _TokenField) -> np.ndarray:
-    raw = scratch[placement.offset : placement.offset + placement.byte_length]
-    return raw.view(numpy_dtype(field.dtype)).reshape((-1, *field.row_shape))
-
-
-def fill_backbone(
-    layout: PackLayout,
-    mb: MicroBatchAssignment,
-    slot: np.ndarray,
-    scratch: np.ndarray,
-    *,
-    settings: PackSettings,
-) -> None:
-    """Complete a micro-batch whose reads have landed (``slot`` and ``scratch`` are uint8 buffers): copy the
-    scratch reads into place (shifting token-aligned fields) and write padding, labels, loss mask, positions,
-    boundaries and scalars."""
-    if slot.dtype != np.uint8 or slot.nbytes < layout.used_bytes:
-        raise InvalidArgument(f"needs a uint8 buffer of at least {layout.used_bytes} bytes", field="slot")
-    views = {spec.name: tensor_view(slot, spec) for spec in layout.tensors}
-    real_end = layout.real_end
-    positions = views[POSITION_IDS]
-    synthetic_mask = None if any(f.name == settings.loss_mask_field for f in layout.token_fields) else views[
-        settings.loss_mask_field]
-
-    for i, (item, offset) in enumerate(zip(mb.items, layout.item_offsets, strict=True)):
-        length = _chunk_tokens(item)
-        reads = layout.item_reads[i]
-        num_tokens = item.trajectory.num_tokens
-        # Spans hold real tokens only; rows [offset + k·length + n_k, offset + (k+1)·length) are padding.
-        runs = [(offset + k * length, c.tokens.start, c.tokens.length, c.padded.start)
-                for k, c in enumerate(item.chunks)]
-        # The packed row of the item's last real token, if this CP rank holds it: its label is ignored.
-        last_row = next((dest + count - 1 for dest, start, count, _ in runs if count and start + count == num_tokens),
-                        None)
-        for dest, _, _, padded_start in runs:
-            positions[dest : dest + length] = np.arange(padded_start, padded_start + length, dtype=np.int64)
-        if synthetic_mask is not None:
-            synthetic_mask[offset : offset + 2 * length] = 0
-            for dest, _, count, _ in runs:
-                synthetic_mask[dest : dest + count] = 1
-        for field in layout.token_fields:
-            tensor = views[field.name]
-            pad = settings.pad_token_id if field.name == settings.tokens_field else 0
-            shift = field.name in reads.shifted
-            placement_index = reads.token.get(field.name)
-            placement = layout.reads[placement_index] if placement_index is not None else None
-            source = None
-            if placement is not None and placement.destination is Destination.SCRATCH:
-                source = _scratch_rows(scratch, placement, field)
-                span_rows = _span_rows(item, field.name)
-            labels = views[label_tensor_name(field.name, settings)] if field.labels else None
-            for dest, token_start, count, _ in runs:
-                # Rows whose next token is real: where labels (and shifted fields) take the next token's value.
-                available = min(count, num_tokens - token_start - 1)
-                if source is not None and count:
-                    row = span_rows(token_start)
-                    if shift:  # token-aligned: packed [t] = stored [t+1], 0 where there is no next token
-                        tensor[dest : dest + available] = source[row + 1 : row + 1 + available]
-                        tensor[dest + available : dest + count] = 0
-                    else:
-                        tensor[dest : dest + count] = source[row : row + count]
-                    if labels is not None:
-                        labels[dest : dest + available] = source[row + 1 : row + 1 + available]
-                        labels[dest + available : dest + count] = settings.label_ignore_index
-                elif (labels is not None or shift) and count:
-                    raise InvalidArgument(f"field {field.name!r} needs the next token but was not read with "
-                                          "look-ahead", field=f"items[{i}].reads")
-                tensor[dest + count : dest + length] = pad
-                if labels is not None:
-                    labels[dest + count : dest + length] = settings.label_ignore_index
-        if last_row is not None:
-            views[settings.loss_mask_field][last_row] = 0
-
-    # Trailing padding of the whole stream.
-    tail = slice(real_end, layout.num_tokens)
-    for field in layout.token_fields:
-        views[field.name][tail] = settings.pad_token_id if field.name == settings.tokens_field else 0
-        if field.labels:
-            views[label_tensor_name(field.name, settings)][tail] = settings.label_ignore_index
-    if synthetic_mask is not None:
-        synthetic_mask[tail] = 0
-    positions[tail] = np.arange(layout.num_tokens - real_end, dtype=np.int64)
-
-    views[CU_SEQLENS][:] = np.array([*layout.item_offsets, real_end], dtype=np.int32)
-    padded = np.array([item.padded_tokens for item in mb.items], dtype=np.int64)
-    views[CU_SEQLENS_GLOBAL][:] = np.concatenate([[0], np.cumsum(padded)]).astype(np.int32)
-    views[SEQ_LENGTHS][:] = np.array([item.trajectory.num_tokens for item in mb.items], dtype=np.int32)
-    scalars = [dict(item.trajectory.scalars) for item in mb.items]
-    for spec in layout.tensors:
-        if spec.name.startswith(SCALAR_PREFIX):
-            name = spec.name[len(SCALAR_PREFIX) :]
-            views[spec.name][:] = [values.get(name, np.nan) for values in scalars]
-            views[f"{SCALAR_PRESENT_PREFIX}{name}"][:] = [name in values for values in scalars]
-
-
-def _span_rows(item: ItemAssignment, field_name: str) -> Callable[[int], int]:
-    """token -> row of the field's scratch read (its spans lie back to back)."""
-    read = next(r for r in item.reads if r.unit.field_name == field_name)
-    bases, row = [], 0
-    for span in read.spans:
-        bases.append((span.start, span.end, row))
-        row += span.length
-
-    def row_of(token: int) -> int:
-        for start, end, base in bases:
-            if start <= token < end:
-                return base + token - start
-        raise InvalidArgument(f"token {token} was not read", field=f"reads.{field_name}")
-
-    return row_of
-
-
-def pack_backbone(
-    mb: MicroBatchAssignment,
-    read_bytes: Sequence[bytes | np.ndarray | memoryview],
-    *,
-    cp: int,
-    settings: PackSettings,
-) -> tuple[PackLayout, np.ndarray]:
-    """Pack a micro-batch from bytes already in memory: ``read_bytes[j]`` holds what placement ``j`` of
-    :func:`backbone_layout` reads. Returns the layout and the packed buffer (view it with :func:`tensor_view`)."""
-    layout = backbone_layout(mb, cp=cp, settings=settings)
-    if len(read_bytes) != len(layout.reads):
-        raise InvalidArgument(f"needs {len(layout.reads)} reads, got {len(read_bytes)}", field="read_bytes")
-    slot = np.zeros(max(layout.used_bytes, 1), dtype=np.uint8)
-    scratch = np.zeros(max(layout.scratch_bytes, 1), dtype=np.uint8)
-    for placement, data in zip(layout.reads, read_bytes, strict=True):
-        # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12, though 3.11's ndarray is a buffer.
-        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
-        if raw.nbytes != placement.byte_length:
-            raise InvalidArgument(f"read of {placement.key} has {raw.nbytes} bytes, expected {placement.byte_length}",
-                                  field="read_bytes")
-        target = slot if placement.destination is Destination.SLOT else scratch
-        target[placement.offset : placement.offset + placement.byte_length] = raw
-    fill_backbone(layout, mb, slot, scratch, settings=settings)
-    return layout, slot
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,239 @@
+"""The trainer client's two background threads.
+
+The prefetch thread long-polls the sidecar (``NextMicroBatch``) and stages what it publishes ahead of the
+training loop, at most ``prefetch`` micro-batches deep; the training loop takes them in order. The release
+thread frees consumed slots, so that an RPC costs the training loop nothing. A sidecar that restarts publishes
+again what this rank may already have taken: that is released and skipped, by (sequence, micro-batch index).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import grpc
+
+from knittrans.client.connection import error_from_rpc
+from knittrans.errors import DeadlineExceeded, FailedPrecondition, KnitTransError, MiniBatchFailed, Unavailable
+from knittrans.retry import Backoff, RetryPolicy
+from knittrans.trainer.batches import Staged
+from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
+from knittrans.v1 import reorg_service_pb2 as pb
+from knittrans.v1 import reorg_service_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+# A sidecar that stops cancels the calls in flight (CANCELLED): like UNAVAILABLE, the sidecar is gone for now, and
+# it is an error only once it has not answered for sidecar_timeout_seconds. (Our own cancellations end the fetch
+# loop before this is consulted.)
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+_SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
+
+_END = object()
+
+
+def failure_error(descriptor: MicroBatchDescriptor) -> MiniBatchFailed:
+    """The typed error for a failure the sidecar published in place of a micro-batch."""
+    failure = descriptor.failure
+    assert failure is not None
+    return MiniBatchFailed(
+        f"mini-batch {descriptor.sequence} (train batch {descriptor.train_batch_index}, mini-batch "
+        f"{descriptor.minibatch_index}) could not be delivered to {descriptor.role} dp {descriptor.dp_rank} cp "
+        f"{descriptor.cp_rank}: micro-batch {descriptor.microbatch_index}, trajectory {failure.trajectory_id!r}, "
+        f"unit {failure.unit_key!r}: {failure.reason}",
+        trajectory_id=failure.trajectory_id, unit_key=failure.unit_key, sequence=descriptor.sequence,
+        train_batch_index=descriptor.train_batch_index, minibatch_index=descriptor.minibatch_index,
+    )
+
+
+class Prefetcher:
+    """Stages the sidecar's micro-batches ahead of the training loop and releases the ones it is done with.
+
+    ``stager`` (:class:`~knittrans.trainer.staging.Stager`) turns a descriptor into tensors; in eager mode it
+    copies them out of the slot, which is then released at once."""
+
+    def __init__(self, settings: TrainerSettings, stub: reorg_service_pb2_grpc.ReorgServiceStub, stager: Any,
+                 stats: TrainerStats) -> None:
+        self._settings = settings
+        self._stub = stub
+        self._stager = stager
+        self._stats = stats
+        self._eager = settings.mode is DeliveryMode.EAGER
+        self._queue: queue.Queue = queue.Queue(maxsize=0 if self._eager else settings.prefetch)
+        self._stop = threading.Event()
+        self._release_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._in_flight: Any = None  # the pending long poll, cancelled by stop()
+        tp_rank = settings.tp_rank
+        self._fetcher = threading.Thread(target=self._fetch_loop, name=f"knittrans-prefetch-tp{tp_rank}", daemon=True)
+        self._releaser = threading.Thread(target=self._release_loop, name=f"knittrans-release-tp{tp_rank}",
+                                          daemon=True)
+        self._fetcher.start()
+        self._releaser.start()
+
+    def stop(self) -> None:
+        """Cancel the long poll in flight and wait (a bounded time) for both threads to end."""
+        self._stop.set()
+        in_flight = self._in_flight
+        if in_flight is not None:
+            in_flight.cancel()
+        self._fetcher.join(timeout=self._settings.poll_seconds + 2)
+        self._release_queue.put(None)
+        self._releaser.join(timeout=self._settings.poll_seconds + 2)
+
+    # ---- the training loop's side ------------------------------------------------------------------------
+
+    def take(self) -> Staged | None:
+        """The next staged micro-batch; None once the sidecar's stream ended. Raises what stopped the prefetch
+        thread."""
+        # The wait that counts is for a micro-batch that was not staged yet; taking one that was is not waiting
+        # for data (even if this thread then waits a moment for the GIL).
+        ready = not self._queue.empty()
+        started = time.perf_counter()
+        while True:
+            try:
+                item = self._queue.get(timeout=0.5)
+                break
+            except queue.Empty:
+                if not self._fetcher.is_alive() and self._queue.empty():
+                    raise Unavailable("the prefetch thread stopped", field="sidecar") from None
+        if item is _END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        waited = 0.0 if ready else time.perf_counter() - started
+        item.waited = waited
+        stats = self._stats
+        stats.micro_batches += 1
+        stats.waited_seconds += waited
+        if not self._eager:
+            stats.waits.append(waited)
+        return item
+
+    def take_next_of(self, sequence: int) -> Staged:
+        staged = self.take()
+        if staged is None or staged.descriptor.sequence != sequence:
+            raise FailedPrecondition(
+                f"mini-batch {sequence} ended early: the sidecar "
+                + ("ended its stream" if staged is None else f"moved on to {staged.descriptor.sequence}")
+            )
+        return staged
+
+    def release(self, staged: Staged) -> None:
+        if staged.released:
+            return
+        staged.released = True
+        self._send_release(staged.descriptor, waited=staged.waited)
+
+    # ---- the prefetch thread -----------------------------------------------------------------------------
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fetch_loop(self) -> None:
+        try:
+            self._fetch()
+        except BaseException as error:  # handed to the training loop, which raises it
+            if not isinstance(error, KnitTransError):
+                logger.exception("the prefetch thread failed")
+            self._put(error)
+
+    def _fetch(self) -> None:
+        settings = self._settings
+        incarnation = ""
+        after = 0
+        last_key: tuple[int, int] = (0, -1)
+        unreachable = Backoff(replace(_SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            request = pb.NextMicroBatchRequest(tp_rank=settings.tp_rank, after_ticket=after, incarnation=incarnation)
+            try:
+                self._in_flight = self._stub.NextMicroBatch.future(request, timeout=settings.poll_seconds)
+                if self._stop.is_set():
+                    return
+                response = self._in_flight.result()
+            except grpc.FutureCancelledError:
+                return
+            except grpc.RpcError as error:
+                if self._stop.is_set():
+                    return
+                if error.code() not in _RETRYABLE:
+                    raise error_from_rpc(error) from None
+                delay = unreachable.next_delay()
+                if delay is None:
+                    raise Unavailable(
+                        f"reorg sidecar {settings.target} has not answered for {unreachable.failing_for():.1f}s "
+                        f"({error.code().name}: {error.details()})", field="sidecar",
+                    ) from None
+                time.sleep(delay)
+                continue
+            unreachable.reset()
+            if response.HasField("descriptor"):
+                descriptor = MicroBatchDescriptor.from_proto(response.descriptor)
+                if descriptor.incarnation != incarnation:
+                    if incarnation:
+                        logger.warning("reorg sidecar %s restarted (incarnation %s); skipping what was consumed",
+                                       settings.target, descriptor.incarnation)
+                        self._stats.restarts_seen += 1
+                    incarnation = descriptor.incarnation
+                after = descriptor.ticket
+                if descriptor.key <= last_key:
+                    self._stats.skipped_after_restart += 1
+                    self._send_release(descriptor, waited=-1.0)
+                    continue
+                if descriptor.failure is not None:
+                    failed = Staged(descriptor=descriptor, tensors={}, failure=failure_error(descriptor))
+                    if self._eager:
+                        self._send_release(descriptor, waited=-1.0)
+                        failed.released = True
+                    last_key = descriptor.key
+                    idle_since = time.monotonic()
+                    if not self._put(failed):
+                        return
+                    continue
+                try:
+                    tensors, event = self._stager.stage(descriptor)
+                except Unavailable as error:  # its segment vanished: the sidecar died; its successor re-publishes
+                    logger.warning("%s; waiting for the sidecar to come back", error)
+                    continue
+                staged = Staged(descriptor=descriptor, tensors=tensors, event=event)
+                if self._eager:
+                    self._send_release(descriptor, waited=-1.0)
+                    staged.released = True
+                last_key = descriptor.key
+                idle_since = time.monotonic()
+                if not self._put(staged):
+                    return
+            elif response.end_of_stream:
+                self._put(_END)
+                return
+            elif settings.wait_timeout_seconds and time.monotonic() - idle_since > settings.wait_timeout_seconds:
+                raise DeadlineExceeded(f"no micro-batch from {settings.target} for "
+                                       f"{settings.wait_timeout_seconds:.1f}s", field="sidecar")
+
+    # ---- the release thread ------------------------------------------------------------------------------
+
+    def _send_release(self, descriptor: MicroBatchDescriptor, *, waited: float) -> None:
+        self._release_queue.put((descriptor.incarnation, descriptor.ticket, waited))
+
+    def _release_loop(self) -> None:
+        tp_rank = self._settings.tp_rank
+        while (item := self._release_queue.get()) is not None:
+            incarnation, ticket, waited = item
+            request = pb.ReleaseMicroBatchRequest(request_id=f"{incarnation}/{ticket}/{tp_rank}", tp_rank=tp_rank,
+                                                  ticket=ticket, waited_seconds=waited, incarnation=incarnation)
+            try:
+                self._stub.ReleaseMicroBatch(request, timeout=self._settings.poll_seconds)
+            except grpc.RpcError as error:
+                # A sidecar that is gone has no slot to free; the prefetch thread reports it if it stays gone.
+                logger.debug("release of ticket %d failed: %s", ticket, error.code().name)
