@@ -70,13 +70,18 @@ class BatchingReporter:
     def report(self, trajectories: Sequence[TrajectoryMeta], *, discard: Discard | None = None) -> None:
         """Queue reports; ``discard`` is called with those the service rejects as invalid (from the sender
         thread). Raises the error of an earlier rejected report, and, until the service has accepted one report,
-        waits for this one's answer."""
+        waits for this one's answer.
+
+        These trajectories are queued even when an earlier error is raised: their units are already written, and
+        a caller who sees the error cannot tell whether it came from this report or an earlier one, so dropping
+        them would leave units that nothing reports or removes. Reporting them again is harmless (same content).
+        """
         with self._condition:
-            self._raise_failure()
             if self._closed:
                 raise KnitTransError("the reporter is closed")
             self._pending.extend(_Pending(meta, discard) for meta in trajectories)
             self._condition.notify_all()
+            self._raise_failure()
             accepted_once = self._accepted_once
         if not accepted_once:
             self.flush()
