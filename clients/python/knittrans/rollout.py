@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -81,6 +81,14 @@ class MetadataReporter(Protocol):
     """Receives the metadata of stored trajectories (the admission client implements it)."""
 
     def report(self, trajectories: Sequence[TrajectoryMeta]) -> None: ...
+
+
+class RejectionReporter(Protocol):
+    """A reporter that hands back the trajectories the service rejects, so their units can be removed."""
+
+    def report(
+        self, trajectories: Sequence[TrajectoryMeta], *, discard: Callable[[Sequence[TrajectoryMeta]], None]
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -233,7 +241,7 @@ class RolloutClient:
         if not self._reports_rejections:
             self._reporter.report(metas)
             return metas
-        self._reporter.report(metas, discard=self._discard_rejected)
+        cast(RejectionReporter, self._reporter).report(metas, discard=self._discard_rejected)
         return metas
 
     # -- clean-up after a rejection -----------------------------------------------------------------
@@ -425,7 +433,7 @@ def _is_scalar(value: Any) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim == 0
     if is_tensor(value):
-        return value.dim() == 0
+        return bool(value.dim() == 0)
     return False
 
 

@@ -193,7 +193,7 @@ class MooncakeUnitStore:
             return
         # One spare byte tells a longer stored unit apart from an equal one.
         scratch = [np.empty(w.header.byte_length + 1, dtype=np.uint8) for w in writes]
-        views = [memoryview(s) for s in scratch]
+        views = [memoryview(s.data) for s in scratch]
         with self._transfer_addresses(views) as addresses:
             counts = self._client.batch_get_into(
                 [w.key for w in writes], addresses, [v.nbytes for v in views]

@@ -10,8 +10,9 @@ from typing import Any
 
 from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchFailed
 from knittrans.packed.layout import item_offsets, packed_encoding_uses
+from knittrans.packed.tensors import PackedEncodingUse
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
-from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse
+from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.types import ConsumerId
 
 

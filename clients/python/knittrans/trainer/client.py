@@ -139,7 +139,9 @@ class TrainerClient:
             self.stats.mini_batches += 1
 
     def status(self, *, timeout: float = 5.0) -> pb.GetReorgStatusResponse:
-        return self._call(self._stub.GetReorgStatus, pb.GetReorgStatusRequest(), timeout)
+        request = pb.GetReorgStatusRequest()
+        response: pb.GetReorgStatusResponse = self._call(self._stub.GetReorgStatus, request, timeout)
+        return response
 
     def minibatch_context(self, sequence: int, *, timeout: float = 10.0) -> MiniBatchContext:
         response = self._call(self._stub.GetMiniBatch, pb.GetMiniBatchRequest(sequence=sequence), timeout)

@@ -64,9 +64,11 @@ class Prefetcher:
         self._stager = stager
         self._stats = stats
         self._eager = settings.mode is DeliveryMode.EAGER
-        self._queue: queue.Queue = queue.Queue(maxsize=0 if self._eager else settings.prefetch)
+        self._queue: queue.Queue[Staged | BaseException | object] = queue.Queue(
+            maxsize=0 if self._eager else settings.prefetch
+        )
         self._stop = threading.Event()
-        self._release_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
         self._in_flight: Any = None  # the pending long poll, cancelled by stop()
         tp_rank = settings.tp_rank
         self._fetcher = threading.Thread(target=self._fetch_loop, name=f"knittrans-prefetch-tp{tp_rank}", daemon=True)
@@ -105,6 +107,7 @@ class Prefetcher:
             return None
         if isinstance(item, BaseException):
             raise item
+        assert isinstance(item, Staged)
         waited = 0.0 if ready else time.perf_counter() - started
         item.waited = waited
         stats = self._stats

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from knittrans.errors import InvalidArgument, Unavailable
+from knittrans.packed.tensors import TensorSpec
 from knittrans.shm import AttachedSegment
-from knittrans.trainer.descriptor import MicroBatchDescriptor, TensorSpec
+from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.types import DType
 
 logger = logging.getLogger(__name__)
