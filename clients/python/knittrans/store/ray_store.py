@@ -86,6 +86,20 @@ class UnitRegistry:
         return len(self._units)
 
 
+def ensure_ray(address: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+    """Join the Ray cluster at ``address`` unless this process has initialised Ray already (a Ray-native trainer
+    has; the KnitTrans services have not)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    logger.info("joining Ray at %r (namespace %r)", address, namespace)
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+    except ConnectionError as exc:
+        raise FailedPrecondition(f"cannot join Ray at {address!r}: {exc}", field="store.address") from exc
+
+
 def registry_actor(name: str = DEFAULT_REGISTRY, namespace: str = DEFAULT_NAMESPACE) -> Any:
     """The named registry actor, created on first use; it outlives its creator (detached)."""
     import ray
