@@ -227,7 +227,7 @@ def _start_listening(
     log_path = log_path.resolve()  # named in errors, which are read from other directories
     last = ""
     for _ in range(1 if port else 5):
-        chosen = port or free_port(bind_host)
+        chosen = port or _free_port_for(bind_host)
         process = _spawn(command_for_port(chosen), log_path, die_with_parent=die_with_parent)
         try:
             wait_until(
@@ -243,6 +243,15 @@ def _start_listening(
             return process, chosen
         last = f"exited with {process.returncode}"
     raise FailedPrecondition(failure_message(what, last, log_path))
+
+
+def _free_port_for(bind_host: str) -> int:
+    """A port free here for a server about to bind ``bind_host``; where that address is not this machine's (a server
+    started on another node through a command prefix), any port free here: a lost race is retried anyway."""
+    try:
+        return free_port(bind_host)
+    except OSError:
+        return free_port("0.0.0.0")
 
 
 def _log_directory(log_dir: Path | None) -> tuple[Path, bool]:
@@ -270,7 +279,7 @@ def start_master(
     metrics_ports: list[int] = []
 
     def command(chosen: int) -> list[str]:
-        metrics_ports.append(free_port(bind_host))
+        metrics_ports.append(_free_port_for(bind_host))
         return [
             *command_prefix,
             binary,
