@@ -216,7 +216,7 @@ class NamespaceCluster:
 
 
 def leftovers(tag: str) -> dict[str, list[str]]:
-    """What a cluster tagged ``tag`` left: namespaces, mounts (of /run/netns) and processes in its namespaces."""
+    """What a cluster tagged ``tag`` left behind: its namespaces and their mounts under /run/netns."""
     prefix = f"kt-{tag}-"
     names = sorted(p.name for p in NETNS_DIR.glob(f"{prefix}*")) if NETNS_DIR.exists() else []
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if f"/{prefix}" in line]
