@@ -1,8 +1,11 @@
-"""A real ``redis-server`` on a free loopback port, with AOF on, stopped by PID."""
+"""A real ``redis-server`` on a free port (loopback by default), with AOF on, stopped by PID.
+
+``bind_host`` and ``advertise_host`` follow :mod:`knittrans.addresses`: the URL names the advertised host."""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import shutil
 import signal
 import subprocess
@@ -10,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from knittrans.addresses import advertised_host, host_port, is_loopback
 from knittrans.errors import FailedPrecondition
 from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
@@ -23,10 +27,13 @@ class RedisServer:
     data_dir: Path
     process: subprocess.Popen
     _owns_dir: bool = field(default=False, repr=False)
+    host: str = "127.0.0.1"  # the advertised host
+    password: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}{host_port(self.host, self.port)}/0"
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process.poll() is None:
@@ -40,8 +47,21 @@ class RedisServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def start_redis(data_dir: Path | None = None, *, port: int | None = None, timeout: float = 15.0) -> RedisServer:
-    """Start redis-server with ``appendonly yes`` and ``appendfsync always``, so acknowledged writes survive."""
+def start_redis(
+    data_dir: Path | None = None,
+    *,
+    port: int | None = None,
+    timeout: float = 15.0,
+    bind_host: str = "127.0.0.1",
+    advertise_host: str = "",
+) -> RedisServer:
+    """Start redis-server with ``appendonly yes`` and ``appendfsync always``, so acknowledged writes survive.
+
+    It listens on ``bind_host``; :attr:`RedisServer.url` names the advertised host. Protected mode stays on, and
+    it refuses clients from other addresses while there is no password: so a server bound beyond loopback gets
+    a random password, which its URL carries."""
+    host = advertised_host(bind_host, advertise_host)
+    password = "" if is_loopback(bind_host) else secrets.token_hex(16)
     binary = shutil.which("redis-server")
     if binary is None:
         raise FailedPrecondition("redis-server is not installed; `make test` installs it with apt-get")
@@ -50,17 +70,23 @@ def start_redis(data_dir: Path | None = None, *, port: int | None = None, timeou
     directory = Path(tempfile.mkdtemp(prefix="knittrans-redis-")) if data_dir is None else data_dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / "redis.log"
+    config_file: list[str] = []
+    if password:  # in a file only this user reads, not on the command line that `ps` shows
+        secret = directory / "redis-auth.conf"
+        secret.touch(mode=0o600)
+        secret.write_text(f"requirepass {password}\n")
+        config_file = [str(secret)]
     last_error = ""
     for _ in range(5):  # a free port can be taken between probing and binding
-        chosen = port or free_port()
+        chosen = port or free_port(bind_host)
         process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(chosen), "--dir", str(directory), "--appendonly", "yes",
-             "--appendfsync", "always", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
-             "--logfile", str(log_path)],
+            [binary, *config_file, "--bind", bind_host, "--port", str(chosen), "--dir", str(directory),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
+             "--daemonize", "no", "--logfile", str(log_path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
-            wait_until(lambda p=process, c=chosen: p.poll() is not None or accepts_connections("127.0.0.1", c),
+            wait_until(lambda p=process, c=chosen: p.poll() is not None or accepts_connections(host, c),
                        timeout=timeout, what="redis-server")
         except TimeoutError:
             process.kill()
@@ -68,8 +94,9 @@ def start_redis(data_dir: Path | None = None, *, port: int | None = None, timeou
             last_error = f"not listening after {timeout:.0f}s"
             continue
         if process.poll() is None:
-            logger.info("redis-server pid %d on port %d (dir %s)", process.pid, chosen, directory)
-            return RedisServer(port=chosen, data_dir=directory, process=process, _owns_dir=owns_dir)
+            logger.info("redis-server pid %d on %s (dir %s)", process.pid, host_port(host, chosen), directory)
+            return RedisServer(port=chosen, data_dir=directory, process=process, _owns_dir=owns_dir, host=host,
+                               password=password)
         last_error = f"exited with {process.returncode}"
         if port:
             break  # the port was given: another try would meet the same fate

@@ -4,7 +4,10 @@
   ``/dev/shm/knittrans-<job>``; ``?durable=true`` fsyncs before publishing (disk backends).
 * ``mooncake://127.0.0.1:50051?local_buffer_size=64MiB&protocol=tcp`` — a Mooncake cluster by its
   master address; the query sets any field of :class:`~knittrans.store.mooncake.MooncakeStoreConfig`.
-* ``ray://`` or ``ray://<registry>?namespace=<ns>`` — the Ray object store of the current Ray session.
+* ``ray://`` or ``ray://<registry>?namespace=<ns>&address=<ray address>`` — the Ray object store. A process that
+  has not initialised Ray yet (``knittrans admission serve``, ``knittrans reorg serve``) joins the Ray cluster at
+  ``address``: ``auto`` (the default: the cluster this node runs), ``HOST:PORT`` of its head (GCS), or ``local``
+  for a private one-process Ray.
 
 Unknown query keys and malformed values are :class:`~knittrans.errors.ConfigError`\\ s naming the key.
 """
@@ -41,6 +44,7 @@ class FileStoreSpec:
 class RayStoreSpec:
     registry: str = DEFAULT_REGISTRY
     namespace: str = DEFAULT_NAMESPACE
+    address: str = "auto"  # the Ray cluster to join when this process has not initialised Ray
 
 
 StoreSpec = FileStoreSpec | MooncakeStoreConfig | RayStoreSpec
@@ -99,7 +103,8 @@ def open_store(target: str | StoreSpec, *, job: str = "default") -> UnitStore:
 
         return MooncakeUnitStore(spec)
     if isinstance(spec, RayStoreSpec):
-        from knittrans.store.ray_store import RayUnitStore
+        from knittrans.store.ray_store import RayUnitStore, ensure_ray
 
+        ensure_ray(spec.address, namespace=spec.namespace)
         return RayUnitStore(registry=spec.registry, namespace=spec.namespace)
     raise ConfigError(f"not a store spec: {spec!r}", field="store")

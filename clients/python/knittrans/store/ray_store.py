@@ -18,6 +18,8 @@ bytes that cross the network when the object lives on another node (on its own n
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,6 +86,28 @@ class UnitRegistry:
 
     def count(self) -> int:
         return len(self._units)
+
+
+def ensure_ray(address: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+    """Join the Ray cluster at ``address`` unless this process has initialised Ray already (a Ray-native trainer
+    has; the KnitTrans services have not)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    logger.info("joining Ray at %r (namespace %r)", address, namespace)
+    # ray.init replaces the SIGTERM handler with sys.exit; the services' graceful shutdown needs theirs back.
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+    except ConnectionError as exc:
+        raise FailedPrecondition(f"cannot join Ray at {address!r}: {exc}", field="store.address") from exc
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def registry_actor(name: str = DEFAULT_REGISTRY, namespace: str = DEFAULT_NAMESPACE) -> Any:

@@ -3,18 +3,24 @@
 Processes: the admission service; one reorg sidecar per (role, dp, cp); dp × cp trainer ranks; rollout
 workers; optionally a real Redis (journaled state) and a real Mooncake master and store. Every process is
 stopped on exit, on Ctrl-C and when any of them fails (that one is named, with the last lines of its log).
+
+Given ``nodes`` (see :mod:`knittrans.demo.stack.cluster`), the same stack runs on three network hosts: node0 the
+admission service, Redis and the Mooncake master (and this driver); node1 the rollout workers and a Mooncake
+segment; node2 a Mooncake segment, the sidecars and the trainer ranks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
 import time
 import urllib.request
 import uuid
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -23,6 +29,7 @@ import yaml
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, open_channel
+from knittrans.demo.stack.namespaces import Node
 from knittrans.demo.stack.processes import ProcessGroup
 from knittrans.demo.stack.report import (
     DemoReport,
@@ -34,6 +41,7 @@ from knittrans.demo.stack.report import (
     read_jsonl,
 )
 from knittrans.demo.stack.settings import SOURCES, DemoSettings, StateKind, StoreKind
+from knittrans.launch.mooncake import SHORT_LEASE_TTL_MS
 from knittrans.launch.ports import free_port
 from knittrans.reorg.settings import default_socket_path
 from knittrans.types import ConsumerId
@@ -43,7 +51,11 @@ from knittrans.wire import consumer_to_proto
 
 ENCODER = "vision"
 ENCODER_COST_PER_MICROBATCH = 64
-DEMO_LEASE_TTL_MS = 1000
+# A read lease that outlasts a cross-node get (knittrans.launch.mooncake), so released units leave memory soon
+# after their last read on one machine and on several alike.
+DEMO_LEASE_TTL_MS = SHORT_LEASE_TTL_MS
+CLUSTER_SEGMENT_SIZE = 256 << 20  # each node's Mooncake segment in the multi-node layout
+STORE_EMPTY_TIMEOUT_SECONDS = 60.0
 
 
 class Progress:
@@ -75,8 +87,9 @@ class Progress:
 class DemoStack:
     """The processes of one demo run, started in dependency order."""
 
-    def __init__(self, settings: DemoSettings, out: Path, progress: Progress) -> None:
+    def __init__(self, settings: DemoSettings, out: Path, progress: Progress, nodes: Sequence[Node] = ()) -> None:
         self.settings = settings
+        self.nodes = tuple(nodes)  # empty: everything on this machine, on loopback
         self.out = out
         self.progress = progress
         self.job = f"{settings.job}-{uuid.uuid4().hex[:6]}"  # segments, sockets and store paths of this run only
@@ -84,6 +97,7 @@ class DemoStack:
         self.python = sys.executable
         self.extras: list = []  # Redis / Mooncake handles
         self.store_url = ""
+        self.mooncake_master = None  # the master, where the driver can count its keys (multi-node layout)
         self.admission_address = ""
         self.metrics_urls: list[str] = []
         self.sidecar_metrics: list[str] = []
@@ -91,6 +105,24 @@ class DemoStack:
         self.admissions: dict[int, dict] = {}
         self._admission_stream = None
         self._admission_watcher: threading.Thread | None = None
+
+    # -- placement: which node runs what (nothing to do on one machine) ---------------------------------
+
+    def _node(self, index: int) -> Node | None:
+        return self.nodes[index] if self.nodes else None
+
+    def _on(self, index: int, argv: Sequence[str]) -> list[str]:
+        node = self._node(index)
+        return node.command(argv) if node is not None else list(argv)
+
+    def _host(self, index: int) -> str:
+        node = self._node(index)
+        return node.address if node is not None else "127.0.0.1"
+
+    def _store_url_on(self, index: int) -> str:
+        """The store URL a process of node ``index`` uses: Mooncake clients name their own node's address."""
+        node = self._node(index)
+        return self.store_url if node is None else f"{self.store_url}&local_hostname={node.address}"
 
     # -- starting ----------------------------------------------------------------------------------------
 
@@ -100,10 +132,12 @@ class DemoStack:
         if settings.state is StateKind.REDIS:
             from knittrans.launch.redis import start_redis
 
-            redis = start_redis(self.out / "redis")
+            redis = start_redis(self.out / "redis", bind_host=self._host(0))
             self.extras.append(redis)
             state = redis.url
-        if settings.store is StoreKind.MOONCAKE:
+        if settings.store is StoreKind.MOONCAKE and self.nodes:
+            self.start_cluster_store()
+        elif settings.store is StoreKind.MOONCAKE:
             from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
 
             # A short read lease: released units leave memory soon after their last read.
@@ -113,6 +147,24 @@ class DemoStack:
         else:
             self.store_url = f"file:///dev/shm/knittrans-{self.job}/units"
         return state
+
+    def start_cluster_store(self) -> None:
+        """The master on node0 (this driver's node), a segment on node1 and on node2, each advertised by its node's
+        address: the master places units in either segment, so every node reads from both."""
+        from knittrans.launch.mooncake import MooncakeClusterConfig, start_master, start_segment_owner
+
+        config = MooncakeClusterConfig(lease_ttl_ms=DEMO_LEASE_TTL_MS, segment_size=CLUSTER_SEGMENT_SIZE)
+        master = start_master(config, bind_host=self._host(0), log_dir=self.out / "logs")
+        self.extras.append(master)
+        self.mooncake_master = master
+        for index in (1, 2):
+            owner = start_segment_owner(
+                master.address, segment_size=CLUSTER_SEGMENT_SIZE, bind_host=self._host(index),
+                log_dir=self.out / "logs", log_name=f"segment-node{index}.log",
+                command_prefix=self.nodes[index].enter(),
+            )
+            self.extras.append(owner)
+        self.store_url = f"mooncake://{master.address}?max_unit_size={CLUSTER_SEGMENT_SIZE}"
 
     def admission_config(self, state: str) -> Path:
         settings = self.settings
@@ -142,10 +194,10 @@ class DemoStack:
         ready = self.out / "ready-admission.json"
         process = self.group.start("admission", [
             self.python, "-m", "knittrans.cli", "admission", "serve", "--config", str(self.admission_config(state)),
-            "--ready-file", str(ready)])
+            "--host", self._host(0), "--ready-file", str(ready)])
         info = self.group.wait_ready(process, ready)
         self.admission_address = info["address"]
-        self.metrics_urls.append(f"http://127.0.0.1:{info['metrics_port']}/metrics")
+        self.metrics_urls.append(info["metrics_url"])
 
     def consumers(self) -> list[ConsumerId]:
         settings = self.settings
@@ -159,14 +211,17 @@ class DemoStack:
         for consumer in self.consumers():
             name = f"reorg-{consumer.role.replace(':', '-')}-dp{consumer.dp_rank}-cp{consumer.cp_rank}"
             ready = self.out / f"ready-{name}.json"
-            process = self.group.start(name, [
+            process = self.group.start(name, self._on(2, [
                 self.python, "-m", "knittrans.cli", "reorg", "serve", "--job", self.job, "--role", consumer.role,
-                "--dp-rank", str(consumer.dp_rank), "--cp-rank", str(consumer.cp_rank), "--store", self.store_url,
-                "--admission", self.admission_address, "--metrics-port", "0", "--ready-file", str(ready)])
+                "--dp-rank", str(consumer.dp_rank), "--cp-rank", str(consumer.cp_rank), "--store",
+                self._store_url_on(2), "--admission", self.admission_address, "--metrics-port", "0",
+                "--ready-file", str(ready)]),
+                # The driver scrapes the sidecars' bytes from its own node.
+                env={**os.environ, "KNITTRANS_SERVER__METRICS__HOST": self._host(2)} if self.nodes else None)
             pending.append((process, ready))
         for process, ready in pending:
             info = self.group.wait_ready(process, ready)
-            url = f"http://127.0.0.1:{info['metrics_port']}/metrics"
+            url = info["metrics_url"]
             self.metrics_urls.append(url)
             self.sidecar_metrics.append(url)
 
@@ -194,20 +249,20 @@ class DemoStack:
         path = self.out / "run.json"
         path.write_text(json.dumps(run, indent=2))
         for rank in range(settings.world_size):
-            self.group.start(f"trainer-rank{rank}", [self.python, "-m", "knittrans.demo.trainer_rank", str(path),
-                                                     str(rank)], service=False)
+            self.group.start(f"trainer-rank{rank}", self._on(2, [self.python, "-m", "knittrans.demo.trainer_rank",
+                                                                 str(path), str(rank)]), service=False)
 
     def start_rollout(self) -> None:
         settings = self.settings
         for worker in range(settings.rollout_workers):
-            self.group.start(f"rollout-{worker}", [
+            self.group.start(f"rollout-{worker}", self._on(1, [
                 self.python, "-m", "knittrans.demo.rollout_worker", "--admission", self.admission_address,
-                "--store", self.store_url, "--job", self.job, "--num-samples", str(settings.num_samples),
+                "--store", self._store_url_on(1), "--job", self.job, "--num-samples", str(settings.num_samples),
                 "--worker-index", str(worker), "--num-workers", str(settings.rollout_workers),
                 "--group-size", str(settings.group_size), "--seed", str(settings.seed),
                 "--concurrency", str(settings.rollout_concurrency), "--time-scale", str(settings.time_scale),
                 "--train-batch-size", str(settings.train_batch_size),
-                "--manifest", str(self.out / f"manifest-{worker}.json")], service=False)
+                "--manifest", str(self.out / f"manifest-{worker}.json")]), service=False)
 
     # -- watching ----------------------------------------------------------------------------------------
 
@@ -261,6 +316,16 @@ class DemoStack:
                     needed += int(float(line.rsplit(" ", 1)[1]))
         return read, needed
 
+    def wait_store_empty(self) -> int | None:
+        """The master's key count once it reaches 0 (released units are deleted in the background, after their
+        read leases), or what is left after a timeout; None where the driver holds no master."""
+        if self.mooncake_master is None:
+            return None
+        deadline = time.monotonic() + STORE_EMPTY_TIMEOUT_SECONDS
+        while (count := self.mooncake_master.key_count()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return count
+
     # -- stopping ----------------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -274,13 +339,13 @@ class DemoStack:
                       ignore_errors=True)
 
 
-def run_demo(settings: DemoSettings) -> DemoReport:
+def run_demo(settings: DemoSettings, nodes: Sequence[Node] = ()) -> DemoReport:
     # Absolute: every path below is handed to a child process, and some (redis-server) change directory first.
     out = Path(settings.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     progress = Progress(sys.stderr)
-    stack = DemoStack(settings, out, progress)
+    stack = DemoStack(settings, out, progress, nodes)
     try:
         state = stack.start_backends()
         progress.show("starting the admission service")
@@ -304,6 +369,7 @@ def run_demo(settings: DemoSettings) -> DemoReport:
         progress.end_line()
         admissions = dict(stack.admissions)
         bytes_read, bytes_needed = stack.sidecar_bytes()
+        keys_left = stack.wait_store_empty()
     finally:
         stack.stop()
     manifest = load_manifests(out)
@@ -313,6 +379,8 @@ def run_demo(settings: DemoSettings) -> DemoReport:
     quota = settings.train_batch_size // len(SOURCES)
     checks = check_run(records, pieces, admissions, manifest, quotas=dict.fromkeys(SOURCES, quota),
                        num_minibatches=settings.num_minibatches)
+    if keys_left is not None:
+        checks = replace(checks, details={**checks.details, "store_keys_after_release": keys_left})
     report = DemoReport(steps=tuple(rows), checks=checks, bytes_read=bytes_read, bytes_needed=bytes_needed,
                         metrics_urls=tuple(stack.metrics_urls), job=stack.job,
                         settings={k: str(v) for k, v in asdict(settings).items()})

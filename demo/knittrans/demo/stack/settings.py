@@ -43,6 +43,8 @@ class DemoSettings:
     learning_rate: float = 1e-2
     seed: int = 0
     timeout_seconds: float = 600.0
+    # 1: everything on this machine; 3: the three-node layout in network namespaces (root; a mooncake store)
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         check_id(self.job, "job")
@@ -61,6 +63,11 @@ class DemoSettings:
             raise InvalidArgument("cannot exceed the number of trainer ranks (dp × cp)", field="encoder_dp")
         if self.time_scale < 0:
             raise InvalidArgument("must not be negative", field="time_scale")
+        if self.nodes not in (1, 3):
+            raise InvalidArgument("must be 1 (one machine) or 3 (the three-node layout)", field="nodes")
+        if self.nodes > 1 and self.store is not StoreKind.MOONCAKE:
+            raise InvalidArgument("a file store is private to its node; several nodes share a mooncake store",
+                                  field="store")
 
     @property
     def world_size(self) -> int:

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from knittrans.addresses import advertised_host, host_port
 from knittrans.errors import Unavailable
 from knittrans.serving.interceptor import BoundaryInterceptor, RpcMetrics
 from knittrans.serving.security import expected_token, server_credentials
@@ -32,17 +33,20 @@ KEEPALIVE_OPTIONS = (
 @dataclass
 class RunningServer:
     server: aio.Server
-    address: str  # what a client dials: "127.0.0.1:PORT" or "unix:PATH"
+    address: str  # what a client dials: "<advertised host>:PORT" or "unix:PATH"
     metrics_port: int | None
     health: health.aio.HealthServicer
     registry: CollectorRegistry
     _metrics_http: Any = None
     health_server: aio.Server | None = None
     health_port: int | None = None
+    metrics_host: str = "127.0.0.1"  # the advertised host of the /metrics endpoint
 
     @property
     def metrics_url(self) -> str | None:
-        return None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
+        if self.metrics_port is None:
+            return None
+        return f"http://{host_port(self.metrics_host, self.metrics_port)}/metrics"
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
@@ -63,6 +67,10 @@ async def start_server(
     registry: CollectorRegistry,
 ) -> RunningServer:
     """Build and start a server. ``add_services`` registers servicers and returns their full names."""
+    # Before anything listens: a wildcard bind without a resolvable address is a config error, not a ready file
+    # that says 0.0.0.0.
+    advertise = advertised_host(settings.host, settings.advertise_host)
+    metrics_host = advertised_host(settings.metrics.host, settings.advertise_host)
     interceptor = BoundaryInterceptor(token=expected_token(settings.auth), metrics=RpcMetrics(registry))
     options = [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -85,7 +93,7 @@ async def start_server(
     await server.start()
     for name in ("", *service_names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = target if settings.unix_socket else f"{settings.host}:{port}"
+    address = target if settings.unix_socket else host_port(advertise, port)
     health_server = None
     health_port = None
     if settings.health_port >= 0:
@@ -103,7 +111,7 @@ async def start_server(
     logger.info("listening on %s (tls=%s, metrics port %s)", address, settings.tls.enabled, metrics_port)
     return RunningServer(
         server=server, address=address, metrics_port=metrics_port, health=health_servicer, registry=registry,
-        _metrics_http=metrics_http, health_server=health_server, health_port=health_port,
+        _metrics_http=metrics_http, health_server=health_server, health_port=health_port, metrics_host=metrics_host,
     )
 
 

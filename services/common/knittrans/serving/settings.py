@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from knittrans.addresses import is_wildcard
 from knittrans.errors import InvalidArgument
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -52,9 +53,15 @@ class MetricsSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
-    """Where and how a gRPC server listens. ``unix_socket`` replaces host:port when set."""
+    """Where and how a gRPC server listens. ``unix_socket`` replaces host:port when set.
+
+    ``host`` is the bind address; ``advertise_host`` the address written into ready files and metrics URLs
+    (default: ``host``, or this machine's resolved address when ``host`` is a wildcard; see
+    :mod:`knittrans.addresses`). It also stands for a wildcard ``metrics.host``.
+    """
 
     host: str = "127.0.0.1"
+    advertise_host: str = ""
     port: int = 0
     unix_socket: str = ""
     # A plaintext port serving only grpc.health.v1, for kubelet probes when the main port uses TLS; -1: none.
@@ -74,3 +81,5 @@ class ServerSettings:
             raise InvalidArgument("must be at least 1024", field="max_message_bytes")
         if self.grace_seconds < 0:
             raise InvalidArgument("must not be negative", field="grace_seconds")
+        if self.advertise_host and is_wildcard(self.advertise_host):
+            raise InvalidArgument("must be an address others can dial, not a wildcard", field="advertise_host")

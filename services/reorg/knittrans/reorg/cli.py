@@ -35,8 +35,8 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
                                          "/tmp/knittrans-<job>/reorg-<role>-dp<D>-cp<C>.sock)")
     parser.add_argument("--slots", type=int, help="ring size K (default 4)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one, -1 disables")
-    parser.add_argument("--ready-file", type=Path, help="write {address, metrics_port, incarnation} as JSON here once "
-                                                       "serving")
+    parser.add_argument("--ready-file", type=Path, help="write {address, metrics_port, metrics_url, incarnation} "
+                                                       "as JSON here once serving")
     return _run
 
 
@@ -82,6 +82,7 @@ async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Pat
         raise
     if ready_file is not None:
         ready = {"address": running.address, "metrics_port": running.server.metrics_port,
+                 "metrics_url": running.server.metrics_url,
                  "incarnation": running.sidecar.incarnation}
         temporary = ready_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(ready))

@@ -18,6 +18,8 @@ def register(parser: argparse.ArgumentParser):
     """Run the admission service (gRPC control plane)."""
     parser.add_argument("--config", help="YAML config file (default: $KNITTRANS_CONFIG)")
     parser.add_argument("--host", help="address to listen on (server.host)")
+    parser.add_argument("--advertise-host", help="address clients dial, written to the ready file "
+                                                 "(server.advertise_host; default: --host unless it is a wildcard)")
     parser.add_argument("--port", type=int, help="gRPC port, 0 for any free port (server.port)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus /metrics port, 0 for any (server.metrics.port)")
     parser.add_argument("--state", help="memory, or a redis:// URL for the journaled state")
@@ -33,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         path=args.config or config_path_from_env(),
         flags={
             "server.host": args.host,
+            "server.advertise_host": args.advertise_host,
             "server.port": args.port,
             "server.metrics.port": args.metrics_port,
             "state": args.state,
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         service = await start_admission_service(settings)
         tune_garbage_collector()
         ready = {"address": service.address, "metrics_port": service.server.metrics_port,
-                 "health_port": service.server.health_port}
+                 "metrics_url": service.server.metrics_url, "health_port": service.server.health_port}
         logger.info("admission service ready: %s", ready)
         if args.ready_file is not None:
             temporary = args.ready_file.with_suffix(".tmp")
