@@ -101,7 +101,7 @@ image: image-base $(WHEELS_RESOLVED)
 
 # The image run with the pod's security settings, and the dev overlay under `podman kube play`.
 test-container: sysdeps image
-	$(PY) -m pytest -q -m container tests/container
+	$(PY) -m pytest -q -m container tests/container --container-required
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache
