@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := redis-server libibverbs1 prometheus
 PROTO_OUT := clients/python
 
-.PHONY: demo test bench proto lint venv sysdeps clean
+.PHONY: demo test bench proto lint venv sysdeps clean image image-base image-sysdeps test-container
 
 venv: $(STAMP)
 
@@ -35,8 +35,9 @@ sysdeps:
 demo: sysdeps venv
 	$(VENV)/bin/knittrans demo
 
+# The container tests run in `make test-container` (the image is built first), not here.
 test: sysdeps venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not container"
 
 # Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result.
 BENCHMARKS := admission_engine planner simulate store admission_service admission_client encoder_dedup transfer
@@ -57,6 +58,51 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/buf lint
 	$(VENV)/bin/mypy $(addprefix -p ,$(TYPED_PACKAGES))
+
+# The service image, built with podman from a debootstrap base and a wheelhouse resolved on the host: no
+# registry, and the build itself runs without network (docs/deploy.md, "Building the image with podman").
+IMAGE := knittrans:0.1.0
+IMAGE_EXTRAS := admission,reorg,mooncake
+IMAGE_PACKAGES := podman runc debootstrap
+WHEELHOUSE := deploy/wheelhouse
+# The base image's tag follows the script that makes it, so a change to its package list rebuilds it.
+BASE_TAG := bookworm-$(shell sha256sum deploy/podman/base-image.sh | cut -c1-12)
+BASE_IMAGE := localhost/knittrans-base:$(BASE_TAG)
+WHEELS_RESOLVED := $(WHEELHOUSE)/.resolved-$(BASE_TAG)
+DEBIAN_MIRROR ?= $(or $(shell sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1),http://deb.debian.org/debian)
+# runc, rlimits podman may set, no systemd: see the file.
+image image-base image-sysdeps $(WHEELS_RESOLVED) test-container: export CONTAINERS_CONF = $(CURDIR)/deploy/podman/containers.conf
+
+# Root: debootstrap needs it, and the tests reach pods on podman's bridge network, which rootless podman has not.
+image-sysdeps:
+	@[ "$$(id -u)" = 0 ] || { echo "make image and make test-container run as root (sudo make image)"; exit 1; }
+	@missing=""; for tool in $(IMAGE_PACKAGES); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@for limit in "n 20000" "u 32768"; do set -- $$limit; have=$$(ulimit -H$$1); \
+	  [ "$$have" = unlimited ] || [ "$$have" -ge $$2 ] || { \
+	    echo "ulimit -H$$1 is $$have: lower default_ulimits in deploy/podman/containers.conf to it"; exit 1; }; done
+
+image-base: image-sysdeps
+	@podman image exists $(BASE_IMAGE) || { \
+	  echo "building $(BASE_IMAGE) with debootstrap from $(DEBIAN_MIRROR)"; \
+	  deploy/podman/base-image.sh $(BASE_IMAGE) $(DEBIAN_MIRROR); }
+
+$(WHEELS_RESOLVED): pyproject.toml setup.py deploy/podman/wheelhouse.sh | venv image-base
+	rm -f $(WHEELHOUSE)/.resolved-*
+	deploy/podman/wheelhouse.sh $(PY) $(BASE_IMAGE) $(WHEELHOUSE) $(IMAGE_EXTRAS)
+	@touch $@
+
+image: image-base $(WHEELS_RESOLVED)
+	podman build --network=none --ignorefile deploy/Dockerfile.dockerignore -f deploy/Dockerfile \
+	  --build-arg PYTHON_IMAGE=$(BASE_IMAGE) --build-arg PIP_INDEX=--no-index -t $(IMAGE) .
+	@podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' localhost/$(IMAGE)
+
+# The image run with the pod's security settings, and the dev overlay under `podman kube play`.
+test-container: sysdeps image
+	$(PY) -m pytest -q -m container tests/container --container-required
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache

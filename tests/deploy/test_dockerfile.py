@@ -1,7 +1,7 @@
 """deploy/Dockerfile passes hadolint and keeps its promises: non-root, `knittrans` entry point, no build tools.
 
-No container engine runs here, so the image itself is not built in the tests; docs/deploy.md says how the
-build was checked.
+These run everywhere, without a container engine; tests/container builds nothing but runs the image
+`make image` built (`make test-container`), as docs/deploy.md says.
 """
 
 from __future__ import annotations
