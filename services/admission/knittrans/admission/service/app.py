@@ -83,7 +83,7 @@ async def start_admission_service(settings: AdmissionServiceSettings) -> Admissi
     metrics = AdmissionMetrics(registry, settings.engine.sources)
     if settings.engine.staleness_bound is not None:
         metrics.staleness_bound.set(settings.engine.staleness_bound)
-    journal = open_journal(settings.state, job=settings.job)
+    journal = open_journal(settings.state, job=settings.job, timeout_seconds=settings.redis_timeout_seconds)
     store = open_store(settings.store, job=settings.job) if settings.store else None
     servicer = AdmissionServicer(
         ledger=ledger,
@@ -92,6 +92,7 @@ async def start_admission_service(settings: AdmissionServiceSettings) -> Admissi
         job=settings.job,
         delete_keys=partial(delete_and_wait, store) if store is not None else None,
         delete_batch_size=settings.delete_batch_size,
+        mutation_wait_seconds=settings.mutation_wait_seconds,
     )
     await servicer.recover()
 

@@ -3,11 +3,18 @@
 Every state change follows the same path under one lock: build a journal record, append it (Redis when
 configured), apply it to the :class:`AdmissionLedger`, then act on what changed (wake assignment streams,
 queue unit deletions, update metrics). After every input the engine is asked for decisions until it waits.
+
+Each record goes to the journal at the next sequence, fenced (see journal.py). When a write's outcome is unknown
+(Redis timed out or went away) the service keeps the lock, so no other change is decided, and reads the journal's
+tail until Redis answers: a record that is there happened and is applied; one that is not did not, and the call
+fails UNAVAILABLE (an admission is decided again). Mutating calls wait for the lock at most
+``mutation_wait_seconds``, then fail UNAVAILABLE; reads go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import math
@@ -20,7 +27,7 @@ from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
-from knittrans.admission.service.journal import Journal
+from knittrans.admission.service.journal import Journal, JournalFenced, JournalOutcomeUnknown, is_next
 from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict, failure_consumer
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.admission.service.responses import (
@@ -30,7 +37,7 @@ from knittrans.admission.service.responses import (
     status_response,
     verdict_response,
 )
-from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
+from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError, Unavailable
 from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
@@ -42,6 +49,9 @@ _STAGES = (pb.PROGRESS_STAGE_VERIFIED, pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_
 MAX_VERDICT_WAIT = 60.0  # seconds one WaitMiniBatchVerdict call may wait
 MAX_FAILURE_REASON = 1024  # characters
 YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
+DEFAULT_MUTATION_WAIT = 10.0  # seconds a mutating call waits for the lock before it fails UNAVAILABLE
+SETTLE_BACKOFF = (0.05, 1.0)  # seconds between reads of the journal's tail while Redis does not answer
+RETRY_ADMISSION_AFTER = 0.5  # seconds before an admission that could not be journaled is decided again
 _OUTCOME_NAMES = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
                   pb.REPORT_OUTCOME_CONFLICT: "conflict"}
 
@@ -74,6 +84,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         job: str,
         delete_keys: Callable[[list[str]], None] | None = None,
         delete_batch_size: int = 1024,
+        mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._ledger = ledger
@@ -83,7 +94,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._delete_keys = delete_keys
         self._delete_batch_size = delete_batch_size
         self._clock = clock
+        self._mutation_wait = mutation_wait_seconds
         self._lock = asyncio.Lock()
+        self._applied_sequence = 0  # the last journal record applied to the ledger
+        self._settling = False  # a journal write's outcome is unknown and its tail is being read
         self._published = asyncio.Condition()
         self._verdicts = asyncio.Condition()  # notified when a mini-batch's verdict is decided
         self._deletions: asyncio.Queue[str] = asyncio.Queue()
@@ -94,6 +108,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._deletions_done = asyncio.Condition()  # notified whenever deleted units were journaled
         self._background: list[asyncio.Task] = []
         self._wake_handle: asyncio.TimerHandle | None = None
+        self._wakes: set[asyncio.Task] = set()  # timed admissions under way (kept referenced until they end)
         self._last_admission_at: float | None = None
         self._failure: str = ""
         self._violations_exported = 0
@@ -105,8 +120,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         """Rebuild the ledger from the journal; returns the number of records replayed."""
         count = 0
         async for record in self._journal.replay():
-            self._ledger.apply(record)
-            count += 1
+            if self._apply_journaled(record) is not None:
+                count += 1
         for key in self._ledger.pending_deletes:
             self._deletions.put_nowait(key)
         if count:
@@ -127,9 +142,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._closed = True
         if self._wake_handle is not None:
             self._wake_handle.cancel()
-        for task in self._background:
+        for task in (*self._background, *self._wakes):
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._background, *self._wakes, return_exceptions=True)
         async with self._published:
             self._published.notify_all()
         async with self._verdicts:
@@ -137,16 +152,83 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
 
     # -- the commit path -------------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _mutating(self) -> AsyncIterator[None]:
+        """The lock, for a mutating call: UNAVAILABLE if it is not free within ``mutation_wait_seconds`` (the
+        holder may be waiting for Redis to tell whether a journal write happened)."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self._mutation_wait)
+        except TimeoutError:
+            why = "waiting to learn whether a journal write happened" if self._settling else "busy"
+            raise Unavailable(f"the admission service is {why}; retry") from None
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _apply_journaled(self, record: journal_pb2.JournalRecord, prepared: Classified | None = None) -> Applied | None:
+        """Apply a journaled record to the ledger, once: None if its sequence was applied already."""
+        if not is_next(self._applied_sequence, record.sequence):
+            return None
+        applied = self._ledger.apply(record, prepared)
+        self._applied_sequence = record.sequence
+        return applied
+
+    async def _append(self, record: journal_pb2.JournalRecord) -> None:
+        """Journal ``record`` at the next sequence; must hold the lock. Returns once the record is in the journal
+        (the caller applies it). Raises Unavailable once it is known not to be, after applying whatever the
+        journal holds in its place: a change is never decided again over a write whose outcome is unknown."""
+        record.sequence = self._applied_sequence + 1
+        try:
+            await self._journal.append(record)
+            return
+        except JournalOutcomeUnknown as exc:
+            logger.warning("%s; changes wait until the journal's tail tells whether it happened", exc)
+            cause: KnitTransError = exc
+        except JournalFenced as exc:
+            logger.warning("%s; applying the journal's tail", exc)
+            cause = exc
+        if await self._settle(record):
+            logger.warning("journal record %d was written after all; applying it", record.sequence)
+            return
+        raise Unavailable(f"the change was not journaled ({cause.message}); retry") from cause
+
+    async def _settle(self, record: journal_pb2.JournalRecord) -> bool:
+        """Read the journal after the last applied record until Redis answers. True if ``record`` is next there;
+        otherwise apply what is there (another writer's records, or none) and return False."""
+        self._settling = True
+        delay, longest = SETTLE_BACKOFF
+        try:
+            while True:
+                try:
+                    tail = [r async for r in self._journal.replay(after=self._applied_sequence)]
+                    break
+                except Unavailable as exc:
+                    if self._closed:
+                        raise
+                    logger.info("journal tail not readable yet (%s); again in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, longest)
+        finally:
+            self._settling = False
+        if tail and tail[0] == record:
+            return True
+        for journaled in tail:
+            applied = self._apply_journaled(journaled)
+            if applied is not None:
+                await self._after(applied, journaled.at)
+        return False
+
     async def _commit(self, record: journal_pb2.JournalRecord) -> Applied:
-        await self._journal.append(record)
-        applied = self._ledger.apply(record)
+        await self._append(record)
+        applied = self._apply_journaled(record) or Applied()
         await self._after(applied, record.at)
         return applied
 
     async def _commit_admission(self, record: journal_pb2.JournalRecord, admit: Admit) -> Applied:
         """Commit an admission, planning its mini-batch while the journal writes the record: the plan reads only
         the metadata, and the assignments are dispatched only once the record is durable and applied."""
-        writing = asyncio.ensure_future(self._journal.append(record))
+        writing = asyncio.ensure_future(self._append(record))
         await asyncio.sleep(0)  # let the write go out before planning takes the loop
         try:
             dispatch = self._ledger.plan_dispatch(admit.trajectory_ids)
@@ -154,7 +236,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             logger.debug("planning mini-batch ahead of its commit failed", exc_info=True)
             dispatch = None
         await writing
-        applied = self._ledger.apply(record)
+        applied = self._apply_journaled(record) or Applied()
         if applied.admitted is not None and dispatch is not None:
             applied.admitted.dispatch = dispatch
         await self._after(applied, record.at)
@@ -164,8 +246,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         at = self._clock()
         if self._journal.keeps_records:
             record = report.record(at)
-            await self._journal.append(record)
-            applied = self._ledger.apply(record, report)
+            await self._append(record)
+            applied = self._apply_journaled(record, report) or Applied()
         else:  # nothing would keep the record: apply the report without building it
             applied = self._ledger.apply_report(at, report)
         await self._after(applied, at)
@@ -238,10 +320,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             self._failure = ""
             record = ledger.record_for(decision, now)
             if record is not None:
-                if isinstance(decision, Admit) and self._journal.keeps_records:
-                    applied = await self._commit_admission(record, decision)
-                else:
-                    applied = await self._commit(record)
+                try:
+                    if isinstance(decision, Admit) and self._journal.keeps_records:
+                        applied = await self._commit_admission(record, decision)
+                    else:
+                        applied = await self._commit(record)
+                except Unavailable as exc:  # not journaled, so not decided: decide again shortly
+                    logger.warning("%s; admission decides again in %.1fs", exc, RETRY_ADMISSION_AFTER)
+                    self._schedule_wake(self._clock() + RETRY_ADMISSION_AFTER)
+                    return
                 if applied.changed_blocking:
                     logger.info("admission waiting: %s (%s)", decision.reason, getattr(decision, "detail", ""))
             if isinstance(decision, Wait):
@@ -259,16 +346,32 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             return
         loop = asyncio.get_running_loop()
         delay = max(0.0, wake_at - self._clock())
-        self._wake_handle = loop.call_later(delay, lambda: asyncio.ensure_future(self._wake()))
+        self._wake_handle = loop.call_later(delay, self._start_wake)
+
+    def _start_wake(self) -> None:
+        if self._closed:
+            return
+        task = asyncio.ensure_future(self._wake())
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
 
     async def _wake(self) -> None:
-        async with self._lock:
-            await self._admit_until_wait()
+        """A timed decision (a wait that ends, e.g. ``relax_after``); one that fails is tried again, not left
+        for the next call to find."""
+        try:
+            async with self._lock:
+                await self._admit_until_wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("timed admission failed; trying again in %.1fs", RETRY_ADMISSION_AFTER)
+            if not self._closed:
+                self._schedule_wake(self._clock() + RETRY_ADMISSION_AFTER)
 
     # -- RPCs ------------------------------------------------------------------------------------------
 
     async def ReportTrajectories(self, request: pb.ReportTrajectoriesRequest, context: aio.ServicerContext):
-        async with self._lock:
+        async with self._mutating():
             try:
                 report = classify(request, self._ledger)
             except InvalidArgument:
@@ -286,7 +389,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def ReportScheduled(self, request: pb.ReportScheduledRequest, context: aio.ServicerContext):
         if request.count > 10_000_000:
             raise InvalidArgument("is implausibly large", field="count")
-        async with self._lock:
+        async with self._mutating():
             record = journal_pb2.JournalRecord(at=self._clock(), scheduled=request)
             if not (request.request_id and request.request_id in self._ledger.scheduled_requests):
                 await self._commit(record)
@@ -332,7 +435,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             raise InvalidArgument(
                 f"no assignment {request.sequence} (last is {self._ledger.next_sequence - 1})", field="sequence"
             )
-        async with self._lock:
+        async with self._mutating():
             if request.stage == pb.PROGRESS_STAGE_VERIFIED and not self._ledger.awaits_verification(
                     consumer, request.sequence):
                 return pb.ReportProgressResponse(released=False)  # a repeat, or the verdict is in: nothing to journal
@@ -354,7 +457,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 raise InvalidArgument(f"longer than {MAX_ID_LENGTH} characters", field=f"failure.{name}")
         if len(failure.reason) > MAX_FAILURE_REASON:
             raise InvalidArgument(f"longer than {MAX_FAILURE_REASON} characters", field="failure.reason")
-        async with self._lock:
+        async with self._mutating():
             if (consumer, failure.sequence) in self._ledger.failure_keys:
                 return pb.ReportConsumerFailureResponse(recorded=False)
             record = journal_pb2.JournalRecord(at=self._clock(), consumer_failure=request)
@@ -382,7 +485,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         return verdict_response(verdict, failure, self._ledger.unverified(sequence))
 
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
-        async with self._lock:
+        async with self._mutating():
             ledger = self._ledger
             if request.new_version > ledger.version:
                 admitted_up_to = ledger.engine.train_version
@@ -399,7 +502,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def ReserveUnits(self, request: pb.ReserveUnitsRequest, context: aio.ServicerContext):
         wanted = {key for reservation in request.reservations for key in reservation.multimodal_keys}
         while True:
-            async with self._lock:
+            async with self._mutating():
                 if self._deleting.isdisjoint(wanted):
                     check_reservations(request, self._ledger.index, limit=self._ledger.settings.max_report_batch)
                     new = sum(
@@ -419,7 +522,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         if len(request.trajectory_ids) > self._ledger.settings.max_report_batch:
             raise InvalidArgument("too many trajectory ids in one request", field="trajectory_ids")
         freed: tuple[str, ...] = ()
-        async with self._lock:
+        async with self._mutating():
             held = [t for t in request.trajectory_ids if self._ledger.index.reservation(TrajectoryId(t)) is not None]
             if held:
                 cancelled = pb.CancelReservationsRequest(request_id=request.request_id, trajectory_ids=held)
@@ -462,9 +565,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                         for key in keys:
                             self._deletions.put_nowait(key)
                         continue
-                async with self._lock:
-                    deleted = journal_pb2.UnitsDeleted(keys=keys)
-                    await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
+                try:
+                    async with self._lock:
+                        deleted = journal_pb2.UnitsDeleted(keys=keys)
+                        await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
+                except Unavailable as exc:  # still pending: deleted again (which finds them gone) and journaled
+                    logger.warning("journaling %d deleted units failed, retrying later: %s", len(keys), exc)
+                    await asyncio.sleep(1.0)
+                    for key in keys:
+                        self._deletions.put_nowait(key)
+                    continue
                 self._metrics.released_units.inc(len(keys))
                 async with self._deletions_done:
                     self._deletions_done.notify_all()
