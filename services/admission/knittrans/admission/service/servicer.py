@@ -157,7 +157,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         """The lock, for a mutating call: UNAVAILABLE if it is not free within ``mutation_wait_seconds`` (the
         holder may be waiting for Redis to tell whether a journal write happened)."""
         try:
-            await asyncio.wait_for(self._lock.acquire(), self._mutation_wait)
+            if self._lock.locked():
+                await asyncio.wait_for(self._lock.acquire(), self._mutation_wait)
+            else:  # free: taken at once (wait_for would start a task per call)
+                await self._lock.acquire()
         except TimeoutError:
             why = "waiting to learn whether a journal write happened" if self._settling else "busy"
             raise Unavailable(f"the admission service is {why}; retry") from None
@@ -191,6 +194,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         if await self._settle(record):
             logger.warning("journal record %d was written after all; applying it", record.sequence)
             return
+        logger.warning("journal record %d was not written: the change did not happen", record.sequence)
         raise Unavailable(f"the change was not journaled ({cause.message}); retry") from cause
 
     async def _settle(self, record: journal_pb2.JournalRecord) -> bool:
