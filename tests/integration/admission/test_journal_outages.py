@@ -191,3 +191,48 @@ def test_redis_killed_and_restarted_mid_run_changes_fail_unavailable_then_resume
         service.kill()
         if new_redis is not None:
             new_redis.stop()
+
+
+def test_a_service_whose_journal_moved_on_applies_the_tail_and_never_writes_over_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A second service process on the same journal (what a lost reply looks like to the first: records it did
+    not apply). The first one's next change is refused by the fence: it applies the other's records, the call
+    fails UNAVAILABLE, and the retry is decided over the whole journal, so no mini-batch is admitted twice."""
+    config = write_config(tmp_path / "admission.yaml", redis_server.url, train_batch_size=2000, num_minibatches=1000)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first = ServiceProcess(config, tmp_path / "first")
+    second = None
+    try:
+        with AdmissionClient(first.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(2)])
+        second = ServiceProcess(config, tmp_path / "second")
+        with AdmissionClient(second.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2]) for i in range(2, 4)])
+        channel = open_channel(ConnectionSettings(target=first.address))
+        try:
+            stub = admission_service_pb2_grpc.AdmissionServiceStub(channel)
+            request = pb.ReportTrajectoriesRequest(
+                request_id="late", trajectories=[trajectory_to_proto(make_meta(i, source="AB"[i % 2]))
+                                                 for i in range(4, 6)])
+            try:
+                stub.ReportTrajectories(request, timeout=30)
+                raise AssertionError("the first service wrote past records it had not applied")
+            except grpc.RpcError as error:
+                assert error.code() is grpc.StatusCode.UNAVAILABLE, error
+            response = stub.ReportTrajectories(request, timeout=30)
+            assert [r.outcome for r in response.results] == [pb.REPORT_OUTCOME_ACCEPTED] * 2
+        finally:
+            channel.close()
+        with AdmissionClient(first.address) as client:
+            admitted = assert_nothing_admitted_twice(redis_server.url, client, reported=6)
+            assert sorted(admitted) == [f"t{i}" for i in range(6)]
+        first.kill()
+        first = ServiceProcess(config, tmp_path / "first")
+        with AdmissionClient(first.address) as client:
+            assert assert_nothing_admitted_twice(redis_server.url, client, reported=6) == admitted
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

@@ -87,6 +87,16 @@ class JournalGap(FailedPrecondition):
         self.sequence = sequence
 
 
+def record_bytes(record: journal_pb2.JournalRecord) -> bytes:
+    """A record as the journal stores it: deterministic, so that the same record always has the same bytes (map
+    fields in any order) and a re-sent append is recognised."""
+    return record.SerializeToString(deterministic=True)
+
+
+def same_bytes(a: journal_pb2.JournalRecord, b: journal_pb2.JournalRecord) -> bool:
+    return record_bytes(a) == record_bytes(b)
+
+
 def is_next(applied: int, sequence: int) -> bool:
     """Whether the record at ``sequence`` is the next to apply after ``applied``: False if it was applied already
     (replay is idempotent), :class:`JournalGap` if records are missing before it."""
@@ -156,7 +166,7 @@ class RedisJournal:
             raise FailedPrecondition(f"journal record without a sequence: {record.WhichOneof('change')}")
         try:
             code, end = await self._append_script(keys=[self.key, self.end_key],
-                                                  args=[sequence, record.SerializeToString()])
+                                                  args=[sequence, record_bytes(record)])
         except redis.RedisError as exc:  # whatever failed, the script may have run: only the tail can tell
             raise JournalOutcomeUnknown(sequence, f"{type(exc).__name__}: {exc}") from exc
         if code == 1:

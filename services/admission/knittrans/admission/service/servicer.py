@@ -27,7 +27,13 @@ from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
-from knittrans.admission.service.journal import Journal, JournalFenced, JournalOutcomeUnknown, is_next
+from knittrans.admission.service.journal import (
+    Journal,
+    JournalFenced,
+    JournalOutcomeUnknown,
+    is_next,
+    same_bytes,
+)
 from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict, failure_consumer
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.admission.service.responses import (
@@ -52,6 +58,7 @@ YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
 DEFAULT_MUTATION_WAIT = 10.0  # seconds a mutating call waits for the lock before it fails UNAVAILABLE
 SETTLE_BACKOFF = (0.05, 1.0)  # seconds between reads of the journal's tail while Redis does not answer
 RETRY_ADMISSION_AFTER = 0.5  # seconds before an admission that could not be journaled is decided again
+RETRY_AFTER_ERROR = 5.0  # seconds before a timed admission that failed otherwise is tried again
 _OUTCOME_NAMES = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
                   pb.REPORT_OUTCOME_CONFLICT: "conflict"}
 
@@ -215,7 +222,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                     delay = min(2 * delay, longest)
         finally:
             self._settling = False
-        if tail and tail[0] == record:
+        if tail and same_bytes(tail[0], record):
             return True
         for journaled in tail:
             applied = self._apply_journaled(journaled)
@@ -367,10 +374,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 await self._admit_until_wait()
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("timed admission failed; trying again in %.1fs", RETRY_ADMISSION_AFTER)
+        except Exception:  # not the journal (_admit_until_wait retries that itself): a bug, so not too often
+            logger.exception("timed admission failed; trying again in %.1fs", RETRY_AFTER_ERROR)
             if not self._closed:
-                self._schedule_wake(self._clock() + RETRY_ADMISSION_AFTER)
+                self._schedule_wake(self._clock() + RETRY_AFTER_ERROR)
 
     # -- RPCs ------------------------------------------------------------------------------------------
 
