@@ -56,7 +56,7 @@ def tune_garbage_collector() -> None:
     times per report and full collections traversed the whole ledger: about a sixth of ingest time, and pauses of
     tens of milliseconds on the report-to-assignment path. Freezing the start-up heap takes it out of every
     collection; the young generation is collected at the end of each report call, once its assignments went out
-    (servicer.collect_young_objects), and the thresholds here are only a backstop, so the whole heap is
+    (gc_pacing.collect_young_objects), and the thresholds here are only a backstop, so the whole heap is
     collected rarely. The ledger holds no reference cycles, so reference counting frees it as before.
     """
     gc.freeze()
@@ -83,7 +83,7 @@ async def start_admission_service(settings: AdmissionServiceSettings) -> Admissi
     metrics = AdmissionMetrics(registry, settings.engine.sources)
     if settings.engine.staleness_bound is not None:
         metrics.staleness_bound.set(settings.engine.staleness_bound)
-    journal = open_journal(settings.state, job=settings.job)
+    journal = open_journal(settings.state, job=settings.job, timeout_seconds=settings.redis_timeout_seconds)
     store = open_store(settings.store, job=settings.job) if settings.store else None
     servicer = AdmissionServicer(
         ledger=ledger,
@@ -92,6 +92,7 @@ async def start_admission_service(settings: AdmissionServiceSettings) -> Admissi
         job=settings.job,
         delete_keys=partial(delete_and_wait, store) if store is not None else None,
         delete_batch_size=settings.delete_batch_size,
+        mutation_wait_seconds=settings.mutation_wait_seconds,
     )
     await servicer.recover()
 

@@ -6,10 +6,14 @@ Label values are bounded: sources come from the config, reasons and outcomes fro
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from knittrans.admission.engine.decisions import BlockingReason, DropReason
+
+if TYPE_CHECKING:  # the ledger imports the engine and the wire codecs; metrics only reads it
+    from knittrans.admission.service.ledger import AdmissionLedger
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 # Staleness is a whole number of versions. One bucket per integer up to 16 makes the 1.0 quantile the exact
@@ -20,6 +24,7 @@ REPORT_OUTCOMES = ("accepted", "duplicate", "conflict", "invalid")
 
 class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry, sources: Iterable[str]) -> None:
+        self._violations_exported = 0  # the ledger's count already added to the quota-violation counter
         self.sources = tuple(sources)
         self.reports = Counter(
             "knittrans_admission_reports_total", "Trajectory reports received, by outcome.", ["outcome"],
@@ -100,3 +105,20 @@ class AdmissionMetrics:
         for candidate in BlockingReason:
             self.blocking.labels(candidate.value).set(1.0 if candidate is reason else 0.0)
         self.blocked_seconds.set(seconds)
+
+    def refresh(self, ledger: AdmissionLedger, *, now: float) -> None:
+        """Export the ledger's state: the pool, quotas, what admission waits for, and new quota violations."""
+        status = ledger.engine.status()
+        for source in status.sources:
+            self.pool.labels(source.source).set(source.ready)
+            self.quota_target.labels(source.source).set(source.quota)
+            self.quota_slack.labels(source.source).set(source.slack)
+        reason, _, since = ledger.blocking()
+        blocked = 0.0 if since is None or reason is BlockingReason.NONE else max(0.0, now - since)
+        self.set_blocking(reason, blocked)
+        self.train_batch_index.set(status.train_batch_index)
+        self.minibatch_index.set(status.minibatches_admitted)
+        self.policy_version.set(ledger.version)
+        if ledger.quota_violations > self._violations_exported:
+            self.quota_violations.inc(ledger.quota_violations - self._violations_exported)
+            self._violations_exported = ledger.quota_violations

@@ -3,12 +3,15 @@
 Every state change follows the same path under one lock: build a journal record, append it (Redis when
 configured), apply it to the :class:`AdmissionLedger`, then act on what changed (wake assignment streams,
 queue unit deletions, update metrics). After every input the engine is asked for decisions until it waits.
+
+Changes go through :class:`~knittrans.admission.service.journaled.JournaledCommits`: fenced appends, and a write
+whose outcome is unknown is found out from the journal's tail, never decided again over. Mutating calls fail
+UNAVAILABLE after ``mutation_wait_seconds`` without the lock; reads go on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import time
@@ -17,10 +20,12 @@ from collections.abc import AsyncIterator, Callable
 from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
-from knittrans.admission.engine.decisions import Admit, BlockingReason, Wait
+from knittrans.admission.engine.decisions import Admit, Wait
+from knittrans.admission.service.gc_pacing import collect_young_objects
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
 from knittrans.admission.service.journal import Journal
+from knittrans.admission.service.journaled import DEFAULT_MUTATION_WAIT, JournaledCommits
 from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.admission.service.records import failure_consumer, record_for
@@ -31,7 +36,8 @@ from knittrans.admission.service.responses import (
     status_response,
     verdict_response,
 )
-from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
+from knittrans.admission.service.wake import WakeTimer
+from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError, Unavailable
 from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, journal_pb2
@@ -42,23 +48,9 @@ logger = logging.getLogger(__name__)
 _STAGES = (pb.PROGRESS_STAGE_VERIFIED, pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
 MAX_VERDICT_WAIT = 60.0  # seconds one WaitMiniBatchVerdict call may wait
 MAX_FAILURE_REASON = 1024  # characters
-YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
+RETRY_ADMISSION_AFTER = 0.5  # seconds before an admission that could not be journaled is decided again
 _OUTCOME_NAMES = {pb.REPORT_OUTCOME_ACCEPTED: "accepted", pb.REPORT_OUTCOME_DUPLICATE: "duplicate",
                   pb.REPORT_OUTCOME_CONFLICT: "conflict"}
-
-
-def collect_young_objects() -> None:
-    """Collect the young generation now if it has grown: a report leaves thousands of new objects (the ledger's
-    entries), and collecting them at the end of the call, once its assignments went out, keeps the pause off the
-    report-to-assignment path (see app.tune_garbage_collector). Older generations are collected here too, as
-    often as the collector's thresholds ask for relative to young collections."""
-    counts, thresholds = gc.get_count(), gc.get_threshold()
-    if counts[0] < YOUNG_COLLECTION:
-        return
-    generation = 0
-    if counts[1] + 1 >= thresholds[1]:
-        generation = 2 if counts[2] + 1 >= thresholds[2] else 1
-    gc.collect(generation)
 
 
 def _consumer(message, field: str) -> ConsumerId:
@@ -75,6 +67,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         job: str,
         delete_keys: Callable[[list[str]], None] | None = None,
         delete_batch_size: int = 1024,
+        mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._ledger = ledger
@@ -84,7 +77,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._delete_keys = delete_keys
         self._delete_batch_size = delete_batch_size
         self._clock = clock
-        self._lock = asyncio.Lock()
+        self._commits = JournaledCommits(journal=journal, ledger=ledger, after=self._after,
+                                         mutation_wait_seconds=mutation_wait_seconds, closed=lambda: self._closed)
+        self._lock = self._commits.lock
         self._published = asyncio.Condition()
         self._verdicts = asyncio.Condition()  # notified when a mini-batch's verdict is decided
         self._deletions: asyncio.Queue[str] = asyncio.Queue()
@@ -94,10 +89,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._deletion_ended.set()
         self._deletions_done = asyncio.Condition()  # notified whenever deleted units were journaled
         self._background: list[asyncio.Task] = []
-        self._wake_handle: asyncio.TimerHandle | None = None
+        self._wake = WakeTimer(self._timed_admission, clock=clock)  # timed decisions, e.g. relax_after
         self._last_admission_at: float | None = None
         self._failure: str = ""
-        self._violations_exported = 0
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -106,8 +100,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         """Rebuild the ledger from the journal; returns the number of records replayed."""
         count = 0
         async for record in self._journal.replay():
-            self._ledger.apply(record)
-            count += 1
+            if self._commits.apply(record) is not None:
+                count += 1
         for key in self._ledger.pending_deletes:
             self._deletions.put_nowait(key)
         if count:
@@ -126,8 +120,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
 
     async def close(self) -> None:
         self._closed = True
-        if self._wake_handle is not None:
-            self._wake_handle.cancel()
+        await self._wake.close()
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -139,15 +132,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     # -- the commit path -------------------------------------------------------------------------------
 
     async def _commit(self, record: journal_pb2.JournalRecord) -> Applied:
-        await self._journal.append(record)
-        applied = self._ledger.apply(record)
+        await self._commits.append(record)
+        applied = self._commits.apply(record) or Applied()
         await self._after(applied, record.at)
         return applied
 
     async def _commit_admission(self, record: journal_pb2.JournalRecord, admit: Admit) -> Applied:
         """Commit an admission, planning its mini-batch while the journal writes the record: the plan reads only
         the metadata, and the assignments are dispatched only once the record is durable and applied."""
-        writing = asyncio.ensure_future(self._journal.append(record))
+        writing = asyncio.ensure_future(self._commits.append(record))
         await asyncio.sleep(0)  # let the write go out before planning takes the loop
         try:
             dispatch = self._ledger.plan_dispatch(admit.trajectory_ids)
@@ -155,7 +148,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             logger.debug("planning mini-batch ahead of its commit failed", exc_info=True)
             dispatch = None
         await writing
-        applied = self._ledger.apply(record)
+        applied = self._commits.apply(record) or Applied()
         if applied.admitted is not None and dispatch is not None:
             applied.admitted.dispatch = dispatch
         await self._after(applied, record.at)
@@ -165,8 +158,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         at = self._clock()
         if self._journal.keeps_records:
             record = report.record(at)
-            await self._journal.append(record)
-            applied = self._ledger.apply(record, report)
+            await self._commits.append(record)
+            applied = self._commits.apply(record, report) or Applied()
         else:  # nothing would keep the record: apply the report without building it
             applied = self._ledger.apply_report(at, report)
         await self._after(applied, at)
@@ -239,37 +232,32 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             self._failure = ""
             record = record_for(decision, now, ledger.last_wait)
             if record is not None:
-                if isinstance(decision, Admit) and self._journal.keeps_records:
-                    applied = await self._commit_admission(record, decision)
-                else:
-                    applied = await self._commit(record)
+                try:
+                    if isinstance(decision, Admit) and self._journal.keeps_records:
+                        applied = await self._commit_admission(record, decision)
+                    else:
+                        applied = await self._commit(record)
+                except Unavailable as exc:  # not journaled, so not decided: decide again shortly
+                    logger.warning("%s; admission decides again in %.1fs", exc, RETRY_ADMISSION_AFTER)
+                    self._wake.at(self._clock() + RETRY_ADMISSION_AFTER)
+                    return
                 if applied.changed_blocking:
                     logger.info("admission waiting: %s (%s)", decision.reason, getattr(decision, "detail", ""))
             if isinstance(decision, Wait):
-                self._schedule_wake(decision.wake_at)
+                self._wake.at(decision.wake_at)
                 self._refresh_gauges()
                 return
             now = self._clock()  # the journal write took time
             moved = (now, ledger.version)
 
-    def _schedule_wake(self, wake_at: float | None) -> None:
-        if self._wake_handle is not None:
-            self._wake_handle.cancel()
-            self._wake_handle = None
-        if wake_at is None:
-            return
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, wake_at - self._clock())
-        self._wake_handle = loop.call_later(delay, lambda: asyncio.ensure_future(self._wake()))
-
-    async def _wake(self) -> None:
+    async def _timed_admission(self) -> None:
         async with self._lock:
             await self._admit_until_wait()
 
     # -- RPCs ------------------------------------------------------------------------------------------
 
     async def ReportTrajectories(self, request: pb.ReportTrajectoriesRequest, context: aio.ServicerContext):
-        async with self._lock:
+        async with self._commits.mutating():
             try:
                 report = classify(request, self._ledger)
             except InvalidArgument:
@@ -287,7 +275,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def ReportScheduled(self, request: pb.ReportScheduledRequest, context: aio.ServicerContext):
         if request.count > 10_000_000:
             raise InvalidArgument("is implausibly large", field="count")
-        async with self._lock:
+        async with self._commits.mutating():
             record = journal_pb2.JournalRecord(at=self._clock(), scheduled=request)
             if not (request.request_id and request.request_id in self._ledger.scheduled_requests):
                 await self._commit(record)
@@ -333,7 +321,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             raise InvalidArgument(
                 f"no assignment {request.sequence} (last is {self._ledger.next_sequence - 1})", field="sequence"
             )
-        async with self._lock:
+        async with self._commits.mutating():
             if request.stage == pb.PROGRESS_STAGE_VERIFIED and not self._ledger.awaits_verification(
                     consumer, request.sequence):
                 return pb.ReportProgressResponse(released=False)  # a repeat, or the verdict is in: nothing to journal
@@ -355,7 +343,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 raise InvalidArgument(f"longer than {MAX_ID_LENGTH} characters", field=f"failure.{name}")
         if len(failure.reason) > MAX_FAILURE_REASON:
             raise InvalidArgument(f"longer than {MAX_FAILURE_REASON} characters", field="failure.reason")
-        async with self._lock:
+        async with self._commits.mutating():
             if (consumer, failure.sequence) in self._ledger.failure_keys:
                 return pb.ReportConsumerFailureResponse(recorded=False)
             record = journal_pb2.JournalRecord(at=self._clock(), consumer_failure=request)
@@ -383,7 +371,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         return verdict_response(verdict, failure, self._ledger.unverified(sequence))
 
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
-        async with self._lock:
+        async with self._commits.mutating():
             ledger = self._ledger
             if request.new_version > ledger.version:
                 admitted_up_to = ledger.engine.train_version
@@ -400,7 +388,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     async def ReserveUnits(self, request: pb.ReserveUnitsRequest, context: aio.ServicerContext):
         wanted = {key for reservation in request.reservations for key in reservation.multimodal_keys}
         while True:
-            async with self._lock:
+            async with self._commits.mutating():
                 if self._deleting.isdisjoint(wanted):
                     check_reservations(request, self._ledger.index, limit=self._ledger.settings.max_report_batch)
                     new = sum(
@@ -420,7 +408,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         if len(request.trajectory_ids) > self._ledger.settings.max_report_batch:
             raise InvalidArgument("too many trajectory ids in one request", field="trajectory_ids")
         freed: tuple[str, ...] = ()
-        async with self._lock:
+        async with self._commits.mutating():
             held = [t for t in request.trajectory_ids if self._ledger.index.reservation(TrajectoryId(t)) is not None]
             if held:
                 cancelled = pb.CancelReservationsRequest(request_id=request.request_id, trajectory_ids=held)
@@ -463,9 +451,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                         for key in keys:
                             self._deletions.put_nowait(key)
                         continue
-                async with self._lock:
-                    deleted = journal_pb2.UnitsDeleted(keys=keys)
-                    await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
+                try:
+                    async with self._lock:
+                        deleted = journal_pb2.UnitsDeleted(keys=keys)
+                        await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
+                except Unavailable as exc:  # still pending: deleted again (which finds them gone) and journaled
+                    logger.warning("journaling %d deleted units failed, retrying later: %s", len(keys), exc)
+                    await asyncio.sleep(1.0)
+                    for key in keys:
+                        self._deletions.put_nowait(key)
+                    continue
                 self._metrics.released_units.inc(len(keys))
                 async with self._deletions_done:
                     self._deletions_done.notify_all()
@@ -479,20 +474,4 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             await asyncio.sleep(1.0)
 
     def _refresh_gauges(self) -> None:
-        ledger = self._ledger
-        metrics = self._metrics
-        status = ledger.engine.status()
-        for source in status.sources:
-            metrics.pool.labels(source.source).set(source.ready)
-            metrics.quota_target.labels(source.source).set(source.quota)
-            metrics.quota_slack.labels(source.source).set(source.slack)
-        reason, _, since = ledger.blocking()
-        blocked = 0.0 if since is None or reason is BlockingReason.NONE else max(0.0, self._clock() - since)
-        metrics.set_blocking(reason, blocked)
-        metrics.train_batch_index.set(status.train_batch_index)
-        metrics.minibatch_index.set(status.minibatches_admitted)
-        metrics.policy_version.set(ledger.version)
-        if ledger.quota_violations > self._violations_exported:
-            metrics.quota_violations.inc(ledger.quota_violations - self._violations_exported)
-            self._violations_exported = ledger.quota_violations
-
+        self._metrics.refresh(self._ledger, now=self._clock())

@@ -15,7 +15,10 @@ DEFAULT_PORT = 50051
 @dataclass(frozen=True, kw_only=True)
 class AdmissionServiceSettings:
     """``state`` is ``memory`` or a ``redis://`` URL; ``store`` is the unit store released units are deleted
-    from (``file:///dev/shm/knittrans-<job>``, ``mooncake://...``); empty means nothing is deleted."""
+    from (``file:///dev/shm/knittrans-<job>``, ``mooncake://...``); empty means nothing is deleted.
+    ``redis_timeout_seconds`` bounds one Redis command: past it, a journal write's outcome is unknown and changes
+    wait until the journal's tail is read. ``mutation_wait_seconds`` is how long a mutating call waits for its
+    turn (during such a wait, or behind other calls) before it fails UNAVAILABLE."""
 
     engine: EngineConfig
     topology: Topology
@@ -26,6 +29,8 @@ class AdmissionServiceSettings:
     initial_version: int = 0
     max_report_batch: int = 10_000
     delete_batch_size: int = 1024
+    redis_timeout_seconds: float = 10.0
+    mutation_wait_seconds: float = 10.0
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
 
     def __post_init__(self) -> None:
@@ -36,5 +41,8 @@ class AdmissionServiceSettings:
             raise InvalidArgument("must be in [1, 100000]", field="max_report_batch")
         if self.delete_batch_size < 1:
             raise InvalidArgument("must be positive", field="delete_batch_size")
+        for name in ("redis_timeout_seconds", "mutation_wait_seconds"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise InvalidArgument("must be in (0, 3600] seconds", field=name)
         if not self.label_fields:
             raise InvalidArgument("name at least one field that labels come from", field="label_fields")
