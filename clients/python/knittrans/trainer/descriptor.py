@@ -19,13 +19,11 @@ from knittrans.trainer.tensors import (  # PackedEncodingUse and TensorSpec: als
     PackedEncodingUse,
     TensorSpec,
 )
-from knittrans.types import DType, UnitKey
-from knittrans.v1 import plan_pb2, trajectory_pb2
+from knittrans.types import UnitKey
+from knittrans.v1 import plan_pb2
 from knittrans.v1 import reorg_service_pb2 as pb
 from knittrans.wire import within
-
-_DTYPE_TO_PROTO = {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for dtype in DType}
-_DTYPE_FROM_PROTO = {number: dtype for dtype, number in _DTYPE_TO_PROTO.items()}
+from knittrans.wire.enums import DTYPE_FROM_PROTO, DTYPE_TO_PROTO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +136,7 @@ class MicroBatchDescriptor:
             used_bytes=self.used_bytes,
             tensors=[
                 pb.TensorDescriptor(
-                    name=t.name, dtype=_DTYPE_TO_PROTO[t.dtype], shape=t.shape, offset=t.offset,
+                    name=t.name, dtype=DTYPE_TO_PROTO[t.dtype], shape=t.shape, offset=t.offset,
                     byte_length=t.byte_length,
                 )
                 for t in self.tensors
@@ -168,11 +166,11 @@ class MicroBatchDescriptor:
     def from_proto(message: pb.MicroBatchDescriptor) -> MicroBatchDescriptor:
         tensors = []
         for i, t in enumerate(message.tensors):
-            if t.dtype not in _DTYPE_FROM_PROTO:
+            if t.dtype not in DTYPE_FROM_PROTO:
                 raise InvalidArgument("unknown or unspecified dtype", field=f"tensors[{i}].dtype")
             spec = within(
                 f"tensors[{i}]",
-                lambda t=t: TensorSpec(name=t.name, dtype=_DTYPE_FROM_PROTO[t.dtype], shape=tuple(t.shape),
+                lambda t=t: TensorSpec(name=t.name, dtype=DTYPE_FROM_PROTO[t.dtype], shape=tuple(t.shape),
                                        offset=t.offset),
             )
             if spec.byte_length != t.byte_length:

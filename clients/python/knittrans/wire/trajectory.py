@@ -1,4 +1,4 @@
-"""Translation between protobuf messages and the typed domain objects of :mod:`knittrans.types`.
+"""Translation between trajectory messages and the typed domain objects of :mod:`knittrans.types`.
 
 Every ``*_from_proto`` function validates by building the domain object; an
 :class:`~knittrans.errors.InvalidArgument` raised inside is re-raised with the full field path of the
@@ -8,21 +8,15 @@ message (``trajectories[3].units[1].header.byte_length``), so callers can name t
 from __future__ import annotations
 
 from functools import partial
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from knittrans.errors import InvalidArgument, within
 from knittrans.types import (
-    BackboneTopology,
-    ConsumerId,
-    CostModel,
-    DType,
-    EncoderTopology,
     FieldAlignment,
     MultimodalRef,
     SampleId,
     SourceName,
     TokenSpan,
-    Topology,
     TrajectoryId,
     TrajectoryMeta,
     UnitHeader,
@@ -31,36 +25,21 @@ from knittrans.types import (
     UnitRef,
     VersionSegment,
 )
-from knittrans.v1 import topology_pb2, trajectory_pb2
+from knittrans.v1 import trajectory_pb2
+from knittrans.wire.enums import (
+    ALIGNMENT_FROM_PROTO,
+    ALIGNMENT_TO_PROTO,
+    DTYPE_FROM_PROTO,
+    DTYPE_TO_PROTO,
+    UNIT_KIND_FROM_PROTO,
+    UNIT_KIND_TO_PROTO,
+)
 
 T = TypeVar("T")
 
-# The casts: protoc's .pyi types enum fields as the enum class, while EnumTypeWrapper.Value returns a plain int.
-_DTYPE_TO_PROTO = cast(
-    "dict[DType, trajectory_pb2.DType]",
-    {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for dtype in DType},
-)
-_DTYPE_FROM_PROTO: dict[int, DType] = {number: dtype for dtype, number in _DTYPE_TO_PROTO.items()}
-_KIND_TO_PROTO = cast(
-    "dict[UnitKind, trajectory_pb2.UnitKind]",
-    {kind: trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}") for kind in UnitKind},
-)
-_KIND_FROM_PROTO: dict[int, UnitKind] = {number: kind for kind, number in _KIND_TO_PROTO.items()}
-ALIGNMENT_TO_PROTO = cast(
-    "dict[FieldAlignment | None, trajectory_pb2.FieldAlignment]",
-    {
-        None: trajectory_pb2.FIELD_ALIGNMENT_UNSPECIFIED,
-        **{a: trajectory_pb2.FieldAlignment.Value(f"FIELD_ALIGNMENT_{a.name}") for a in FieldAlignment},
-    },
-)
-ALIGNMENT_FROM_PROTO: dict[int, FieldAlignment | None] = {
-    number: alignment for alignment, number in ALIGNMENT_TO_PROTO.items()
-}
-
-
 def header_to_proto(header: UnitHeader) -> trajectory_pb2.UnitHeader:
     message = trajectory_pb2.UnitHeader(
-        dtype=_DTYPE_TO_PROTO[header.dtype],
+        dtype=DTYPE_TO_PROTO[header.dtype],
         shape=header.shape,
         byte_length=header.byte_length,
         content_hash=header.content_hash,
@@ -72,10 +51,10 @@ def header_to_proto(header: UnitHeader) -> trajectory_pb2.UnitHeader:
 
 
 def header_from_proto(message: trajectory_pb2.UnitHeader) -> UnitHeader:
-    if message.dtype not in _DTYPE_FROM_PROTO:
+    if message.dtype not in DTYPE_FROM_PROTO:
         raise InvalidArgument("unknown or unspecified dtype", field="dtype")
     return UnitHeader(
-        dtype=_DTYPE_FROM_PROTO[message.dtype],
+        dtype=DTYPE_FROM_PROTO[message.dtype],
         shape=tuple(message.shape),
         byte_length=message.byte_length,
         content_hash=message.content_hash,
@@ -85,14 +64,14 @@ def header_from_proto(message: trajectory_pb2.UnitHeader) -> UnitHeader:
 
 
 def _kind_from_proto(number: int) -> UnitKind:
-    if number not in _KIND_FROM_PROTO:
+    if number not in UNIT_KIND_FROM_PROTO:
         raise InvalidArgument("unknown or unspecified unit kind", field="kind")
-    return _KIND_FROM_PROTO[number]
+    return UNIT_KIND_FROM_PROTO[number]
 
 
 def unit_ref_to_proto(ref: UnitRef) -> trajectory_pb2.UnitRef:
     return trajectory_pb2.UnitRef(
-        key=ref.key, field_name=ref.field_name, kind=_KIND_TO_PROTO[ref.kind], header=header_to_proto(ref.header),
+        key=ref.key, field_name=ref.field_name, kind=UNIT_KIND_TO_PROTO[ref.kind], header=header_to_proto(ref.header),
         alignment=ALIGNMENT_TO_PROTO[ref.alignment],
     )
 
@@ -121,7 +100,7 @@ def multimodal_to_proto(ref: MultimodalRef) -> trajectory_pb2.MultimodalRef:
         encoder=ref.encoder,
         cost=ref.cost,
         placeholder=trajectory_pb2.TokenSpan(start=ref.placeholder.start, end=ref.placeholder.end),
-        kind=_KIND_TO_PROTO[ref.kind],
+        kind=UNIT_KIND_TO_PROTO[ref.kind],
     )
     if ref.header is not None:
         message.header.CopyFrom(header_to_proto(ref.header))
@@ -183,65 +162,6 @@ def trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) -> Traject
     )
 
 
-def topology_to_proto(topology: Topology) -> topology_pb2.Topology:
-    backbone = topology.backbone
-    return topology_pb2.Topology(
-        backbone=topology_pb2.BackboneTopology(
-            dp=backbone.dp,
-            cp=backbone.cp,
-            tp=backbone.tp,
-            max_tokens_per_microbatch=backbone.max_tokens_per_microbatch,
-            cost=topology_pb2.CostModel(linear=backbone.cost.linear, quadratic=backbone.cost.quadratic),
-            microbatch_multiple=backbone.microbatch_multiple,
-            sequence_parallel=backbone.sequence_parallel,
-            pad_multiple=backbone.pad_multiple,
-        ),
-        encoders=[
-            topology_pb2.EncoderTopology(
-                name=e.name, dp=e.dp, tp=e.tp, max_cost_per_microbatch=e.max_cost_per_microbatch
-            )
-            for e in topology.encoders
-        ],
-    )
-
-
-def topology_from_proto(message: topology_pb2.Topology) -> Topology:
-    """Zero-valued optional knobs (cp, tp, microbatch_multiple, an empty cost model) mean "the default"."""
-    b = message.backbone
-    cost = CostModel() if not b.HasField("cost") or (b.cost.linear == 0 and b.cost.quadratic == 0) else None
-    backbone = within(
-        "backbone",
-        lambda: BackboneTopology(
-            dp=b.dp,
-            cp=b.cp or 1,
-            tp=b.tp or 1,
-            max_tokens_per_microbatch=b.max_tokens_per_microbatch,
-            cost=cost or within("cost", lambda: CostModel(linear=b.cost.linear, quadratic=b.cost.quadratic)),
-            microbatch_multiple=b.microbatch_multiple or 1,
-            sequence_parallel=b.sequence_parallel,
-            pad_multiple=b.pad_multiple,
-        ),
-    )
-    encoders = tuple(
-        within(
-            f"encoders[{i}]",
-            partial(
-                EncoderTopology, name=e.name, dp=e.dp, tp=e.tp or 1, max_cost_per_microbatch=e.max_cost_per_microbatch
-            ),
-        )
-        for i, e in enumerate(message.encoders)
-    )
-    return Topology(backbone=backbone, encoders=encoders)
-
-
-def consumer_to_proto(consumer: ConsumerId) -> topology_pb2.ConsumerId:
-    return topology_pb2.ConsumerId(role=consumer.role, dp_rank=consumer.dp_rank, cp_rank=consumer.cp_rank)
-
-
-def consumer_from_proto(message: topology_pb2.ConsumerId) -> ConsumerId:
-    return ConsumerId(role=message.role, dp_rank=message.dp_rank, cp_rank=message.cp_rank)
-
-
 def _trusted(cls: type[T], **fields: object) -> T:
     """Build a frozen dataclass without running its validation: only for values already validated."""
     instance = object.__new__(cls)
@@ -252,7 +172,7 @@ def _trusted(cls: type[T], **fields: object) -> T:
 def _trusted_header(message: trajectory_pb2.UnitHeader) -> UnitHeader:
     return _trusted(
         UnitHeader,
-        dtype=_DTYPE_FROM_PROTO[message.dtype],
+        dtype=DTYPE_FROM_PROTO[message.dtype],
         shape=tuple(message.shape),
         byte_length=message.byte_length,
         content_hash=message.content_hash,
@@ -267,7 +187,7 @@ def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) ->
     It builds equal objects several times faster, which keeps planning off the report-to-assignment path.
     """
     units = tuple(
-        _trusted(UnitRef, key=u.key, field_name=u.field_name, kind=_KIND_FROM_PROTO[u.kind],
+        _trusted(UnitRef, key=u.key, field_name=u.field_name, kind=UNIT_KIND_FROM_PROTO[u.kind],
                  header=_trusted_header(u.header), alignment=ALIGNMENT_FROM_PROTO[u.alignment])
         for u in message.units
     )
@@ -275,7 +195,7 @@ def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) ->
         _trusted(
             MultimodalRef, key=m.key, encoder=m.encoder, cost=m.cost,
             placeholder=_trusted(TokenSpan, start=m.placeholder.start, end=m.placeholder.end),
-            kind=_KIND_FROM_PROTO[m.kind], header=_trusted_header(m.header) if m.HasField("header") else None,
+            kind=UNIT_KIND_FROM_PROTO[m.kind], header=_trusted_header(m.header) if m.HasField("header") else None,
         )
         for m in message.multimodal
     )
