@@ -11,8 +11,9 @@ sends this form; plain gRPC users may send either.
 :class:`ColumnLists` from a report of messages, so both forms of one trajectory read the same.
 
 A trajectory's plain per-trajectory fields (one value each: ids, counts, flags, times) are listed once, in
-:data:`TRAJECTORY_COLUMNS`; the appender, the batch writer and the service's reader all follow that table, so a
-new field of that sort is one entry here (plus the ``.proto`` and :mod:`knittrans.types`).
+:data:`knittrans.wire.trajectory.TRAJECTORY_COLUMNS`; the appender, the batch writer and the service's reader
+all follow that table, so a new field of that sort is one entry there (plus the ``.proto`` and
+:mod:`knittrans.types`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -28,37 +29,7 @@ from knittrans.errors import InvalidArgument
 from knittrans.types import TrajectoryMeta
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire.enums import ALIGNMENT_TO_PROTO, DTYPE_TO_PROTO, UNIT_KIND_TO_PROTO
-
-
-@dataclass(frozen=True)
-class TrajectoryColumn:
-    """A per-trajectory field with one plain value: its name on ``TrajectoryMetadata`` and
-    :class:`~knittrans.types.TrajectoryMeta` (the same), its ``TrajectoryBatch`` column, and its element type
-    (``str`` columns stay Python strings; the others become numpy arrays of that dtype)."""
-
-    field: str
-    column: str
-    dtype: Literal["str", "uint64", "bool", "float64"]
-
-
-TRAJECTORY_COLUMNS: tuple[TrajectoryColumn, ...] = (
-    TrajectoryColumn("trajectory_id", "trajectory_ids", "str"),
-    TrajectoryColumn("sample_id", "sample_ids", "str"),
-    TrajectoryColumn("source", "sources", "str"),
-    TrajectoryColumn("rollout_step", "rollout_steps", "uint64"),
-    TrajectoryColumn("num_tokens", "num_tokens", "uint64"),
-    TrajectoryColumn("num_loss_tokens", "num_loss_tokens", "uint64"),
-    TrajectoryColumn("accepted", "accepted", "bool"),
-    TrajectoryColumn("finished_at", "finished_at", "float64"),
-)
-TRAJECTORY_FIELDS: tuple[str, ...] = tuple(spec.field for spec in TRAJECTORY_COLUMNS)
-_read_plain_fields = attrgetter(*TRAJECTORY_FIELDS)
-
-
-def plain_fields(trajectory: Any) -> dict[str, Any]:
-    """The :data:`TRAJECTORY_COLUMNS` fields of a message or a domain object, by field name."""
-    return dict(zip(TRAJECTORY_FIELDS, _read_plain_fields(trajectory), strict=True))
-
+from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, read_plain_fields
 
 _HEADER_COLUMNS = ("dtypes", "ranks", "shape", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes",
                    "chunk_tokens")
@@ -170,7 +141,7 @@ class ColumnLists:
     def _add(self, t: Any, reading: _Reading) -> None:
         """The one appender: messages and domain objects have the same attribute names; ``reading`` bridges
         the rest (enums as proto numbers, header presence, the scalars' container)."""
-        self.plain_rows.append(_read_plain_fields(t))
+        self.plain_rows.append(read_plain_fields(t))
         segments = t.segments
         self.segment_counts.append(len(segments))
         for segment in segments:

@@ -7,17 +7,16 @@ message (``trajectories[3].units[1].header.byte_length``), so callers can name t
 
 from __future__ import annotations
 
-from functools import partial
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Literal, TypeVar
 
 from knittrans.errors import InvalidArgument, within
 from knittrans.types import (
     FieldAlignment,
     MultimodalRef,
-    SampleId,
-    SourceName,
     TokenSpan,
-    TrajectoryId,
     TrajectoryMeta,
     UnitHeader,
     UnitKey,
@@ -36,6 +35,53 @@ from knittrans.wire.enums import (
 )
 
 T = TypeVar("T")
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class TrajectoryColumn:
+    """A per-trajectory field with one plain value: its name on ``TrajectoryMetadata`` and
+    :class:`~knittrans.types.TrajectoryMeta` (the same), its ``TrajectoryBatch`` column, and its element type
+    (``str`` columns stay Python strings; the others become numpy arrays of that dtype)."""
+
+    field: str
+    column: str
+    dtype: Literal["str", "uint64", "bool", "float64"]
+
+
+# The plain per-trajectory fields, listed once: the codecs below, the columnar form (knittrans.wire.columns) and
+# the admission service's reader of it follow this table, so a new field of this sort is one entry here (plus the
+# .proto and knittrans.types).
+TRAJECTORY_COLUMNS: tuple[TrajectoryColumn, ...] = (
+    TrajectoryColumn("trajectory_id", "trajectory_ids", "str"),
+    TrajectoryColumn("sample_id", "sample_ids", "str"),
+    TrajectoryColumn("source", "sources", "str"),
+    TrajectoryColumn("rollout_step", "rollout_steps", "uint64"),
+    TrajectoryColumn("num_tokens", "num_tokens", "uint64"),
+    TrajectoryColumn("num_loss_tokens", "num_loss_tokens", "uint64"),
+    TrajectoryColumn("accepted", "accepted", "bool"),
+    TrajectoryColumn("finished_at", "finished_at", "float64"),
+)
+TRAJECTORY_FIELDS: tuple[str, ...] = tuple(spec.field for spec in TRAJECTORY_COLUMNS)
+read_plain_fields = attrgetter(*TRAJECTORY_FIELDS)
+
+
+def plain_fields(trajectory: Any) -> dict[str, Any]:
+    """The :data:`TRAJECTORY_COLUMNS` fields of a message or a domain object (they read alike), by field name."""
+    return dict(zip(TRAJECTORY_FIELDS, read_plain_fields(trajectory), strict=True))
+
+
+def _each(name: str, messages: Sequence[M], convert: Callable[[M], T]) -> tuple[T, ...]:
+    """``convert`` of every element, naming ``name[i]`` in an error (formatted only then: this is hot)."""
+    converted: list[T] = []
+    try:
+        for message in messages:
+            converted.append(convert(message))
+    except InvalidArgument as exc:
+        path = f"{name}[{len(converted)}]"  # the element that failed
+        raise InvalidArgument(exc.message, field=f"{path}.{exc.field}" if exc.field else path) from exc
+    return tuple(converted)
+
 
 def header_to_proto(header: UnitHeader) -> trajectory_pb2.UnitHeader:
     message = trajectory_pb2.UnitHeader(
@@ -120,45 +166,27 @@ def multimodal_from_proto(message: trajectory_pb2.MultimodalRef) -> MultimodalRe
     )
 
 
+def _segment_from_proto(message: trajectory_pb2.VersionSegment) -> VersionSegment:
+    return VersionSegment(version=message.version, num_tokens=message.num_tokens)
+
+
 def trajectory_to_proto(meta: TrajectoryMeta) -> trajectory_pb2.TrajectoryMetadata:
     return trajectory_pb2.TrajectoryMetadata(
-        trajectory_id=meta.trajectory_id,
-        sample_id=meta.sample_id,
-        source=meta.source,
-        rollout_step=meta.rollout_step,
-        num_tokens=meta.num_tokens,
-        num_loss_tokens=meta.num_loss_tokens,
+        **plain_fields(meta),
         segments=[trajectory_pb2.VersionSegment(version=s.version, num_tokens=s.num_tokens) for s in meta.segments],
         units=[unit_ref_to_proto(u) for u in meta.units],
         multimodal=[multimodal_to_proto(m) for m in meta.multimodal],
-        accepted=meta.accepted,
         scalars=dict(meta.scalars),
-        finished_at=meta.finished_at,
     )
 
 
 def trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) -> TrajectoryMeta:
-    segments = tuple(
-        within(f"segments[{i}]", partial(VersionSegment, version=s.version, num_tokens=s.num_tokens))
-        for i, s in enumerate(message.segments)
-    )
-    units = tuple(within(f"units[{i}]", partial(unit_ref_from_proto, u)) for i, u in enumerate(message.units))
-    multimodal = tuple(
-        within(f"multimodal[{i}]", partial(multimodal_from_proto, m)) for i, m in enumerate(message.multimodal)
-    )
     return TrajectoryMeta(
-        trajectory_id=TrajectoryId(message.trajectory_id),
-        sample_id=SampleId(message.sample_id),
-        source=SourceName(message.source),
-        rollout_step=message.rollout_step,
-        num_tokens=message.num_tokens,
-        num_loss_tokens=message.num_loss_tokens,
-        segments=segments,
-        units=units,
-        multimodal=multimodal,
-        accepted=message.accepted,
+        **plain_fields(message),
+        segments=_each("segments", message.segments, _segment_from_proto),
+        units=_each("units", message.units, unit_ref_from_proto),
+        multimodal=_each("multimodal", message.multimodal, multimodal_from_proto),
         scalars=tuple(sorted(message.scalars.items())),
-        finished_at=message.finished_at,
     )
 
 
@@ -201,16 +229,9 @@ def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) ->
     )
     return _trusted(
         TrajectoryMeta,
-        trajectory_id=message.trajectory_id,
-        sample_id=message.sample_id,
-        source=message.source,
-        rollout_step=message.rollout_step,
-        num_tokens=message.num_tokens,
-        num_loss_tokens=message.num_loss_tokens,
+        **plain_fields(message),
         segments=tuple(_trusted(VersionSegment, version=s.version, num_tokens=s.num_tokens) for s in message.segments),
         units=units,
         multimodal=multimodal,
-        accepted=message.accepted,
         scalars=tuple(sorted((str(k), float(v)) for k, v in message.scalars.items())),
-        finished_at=message.finished_at,
     )

@@ -17,7 +17,8 @@ import numpy as np
 
 from knittrans.errors import InvalidArgument
 from knittrans.v1 import trajectory_pb2
-from knittrans.wire.columns import TRAJECTORY_COLUMNS, TRAJECTORY_FIELDS, ColumnLists, HeaderLists
+from knittrans.wire.columns import ColumnLists, HeaderLists
+from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, TRAJECTORY_FIELDS
 
 
 def _column(values: Sequence, dtype) -> np.ndarray:
@@ -144,7 +145,7 @@ class TrajectoryColumns:
     its header in ``multimodal_headers`` (-1: none). ``messages`` are the messages the columns came from, if any.
     """
 
-    # The knittrans.wire.columns.TRAJECTORY_COLUMNS columns, by column name: str ones as sequences of strings
+    # The knittrans.wire.trajectory.TRAJECTORY_COLUMNS columns, by column name: str ones as sequences of strings
     # (tuples when read from a batch: the collector stops tracking tuples of strings), the others as arrays.
     plain: Mapping[str, Sequence]
     segment_offsets: np.ndarray
