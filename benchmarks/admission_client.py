@@ -29,10 +29,10 @@ from admission_service import Service, trajectory, write_config
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, call_with_retry, open_channel
-from knittrans.trajectory_batch import batch_from_metas
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
 from knittrans.wire import trajectory_from_proto
+from knittrans.wire.columns import batch_from_metas
 
 TOKENS = 400
 

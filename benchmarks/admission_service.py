@@ -33,11 +33,11 @@ import yaml
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, open_channel
 from knittrans.launch.redis import start_redis
-from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc, trajectory_pb2
 from knittrans.wire import consumer_to_proto
+from knittrans.wire.columns import batch_from_messages
 
 BATCH = 1000
 # The columnar batch (what AdmissionClient sends) is measured against the baseline: a list of messages, the

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="knittrans", description="KnitTrans: trajectory transfer for LLM RL.")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     root = parser.add_subparsers(dest="command", metavar="COMMAND")
-    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): root}
+    groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {(): root}
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
     for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         path = tuple(entry.name.replace(".", " ").split())

@@ -269,7 +269,7 @@ class MultimodalRef:
         check_id(self.key, "key")
         check_id(self.encoder, "encoder")
         if not (isinstance(self.cost, (int, float)) and math.isfinite(self.cost) and self.cost > 0):
-            raise InvalidArgument(f"must be a positive finite number, got {self.cost!r}", field="cost")
+            raise InvalidArgument("must be a positive finite number", field="cost")
         if self.kind not in (UnitKind.IMAGE, UnitKind.VIDEO):
             raise InvalidArgument("must be image or video", field="kind")
         if not self.placeholder.length:

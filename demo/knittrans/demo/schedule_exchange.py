@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from knittrans.packed.tensors import PackedEncodingUse
 from knittrans.plan import EncoderMicroBatchAssignment
 from knittrans.train.schedule import (
     BackboneMicroBatch,
@@ -28,7 +29,6 @@ from knittrans.train.schedule import (
     RankSchedule,
     schedule_from_ranks,
 )
-from knittrans.trainer.descriptor import PackedEncodingUse
 from knittrans.types import UnitKey
 
 

@@ -16,11 +16,11 @@ from knittrans.admission.service.app import start_admission_service
 from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
 from knittrans.client.connection import ConnectionSettings, open_channel
 from knittrans.errors import FailedPrecondition, InvalidArgument, Unauthenticated
-from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
 from knittrans.wire import consumer_to_proto, trajectory_to_proto
+from knittrans.wire.columns import batch_from_messages
 
 from .builders import make_meta, service_settings
 

@@ -18,11 +18,11 @@ import yaml
 
 from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
 from knittrans.client.connection import ConnectionSettings, open_channel
-from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
 from knittrans.wire import trajectory_to_proto
+from knittrans.wire.columns import batch_from_messages
 
 from .builders import SOURCES, make_meta
 

@@ -29,8 +29,8 @@ from knittrans.reorg.packing import LABELS, PackSettings, backbone_layout, fill_
 from knittrans.reorg.reader import MicroBatchReader
 from knittrans.rollout import RolloutClient
 from knittrans.store.file import FileUnitStore
-from knittrans.trajectory_batch import batch_from_metas
 from knittrans.types import BackboneTopology, ConsumerId, FieldAlignment, Topology, TrajectoryMeta, VersionSegment
+from knittrans.wire.columns import batch_from_metas
 
 VOCAB = 53
 WIDTH = 6

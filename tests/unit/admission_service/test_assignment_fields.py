@@ -13,7 +13,6 @@ from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.plan.proto import assignment_to_proto
-from knittrans.trajectory_batch import batch_from_metas
 from knittrans.types import (
     BackboneTopology,
     DType,
@@ -29,6 +28,7 @@ from knittrans.types import (
     VersionSegment,
 )
 from knittrans.wire import trajectory_to_proto
+from knittrans.wire.columns import batch_from_metas
 from tests.builders import digest, token_unit
 
 

@@ -20,9 +20,9 @@ from knittrans.admission.service.ingest.rules import (
 )
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns, messages_from_batch
 from knittrans.errors import InvalidArgument
-from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import trajectory_from_proto, trajectory_to_proto
+from knittrans.wire.columns import batch_from_messages, batch_from_metas
 
 LIMITS = IngestLimits(sources={"A", "B"}, encoders={"vision", "audio"})
 HASH = hashlib.blake2b(b"x", digest_size=16).hexdigest()

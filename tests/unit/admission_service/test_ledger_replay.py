@@ -13,11 +13,11 @@ from knittrans.admission.service.ingest.report import classify
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
 from knittrans.admission.service.records import record_for
 from knittrans.errors import InvalidArgument
-from knittrans.trajectory_batch import batch_from_messages
 from knittrans.types import BackboneTopology, EncoderTopology, Topology
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import journal_pb2, trajectory_pb2
 from knittrans.wire import consumer_to_proto
+from knittrans.wire.columns import batch_from_messages
 
 HASH = hashlib.blake2b(b"x", digest_size=16).hexdigest()
 TOPOLOGY = Topology(backbone=BackboneTopology(dp=2, cp=2, max_tokens_per_microbatch=4096),

@@ -53,7 +53,7 @@ def _sdk_modules() -> list[str]:
 
 def test_the_enumeration_finds_the_sdk() -> None:
     modules = _sdk_modules()
-    assert {"knittrans.client.admission", "knittrans.config", "knittrans.trajectory_batch", "knittrans.store"} \
+    assert {"knittrans.client.admission", "knittrans.config", "knittrans.wire.columns", "knittrans.store"} \
         <= set(modules), modules
 
 

@@ -26,6 +26,13 @@ def test_the_makefile_names_the_pure_cores_as_typed() -> None:
             "knittrans.plan", "knittrans.wire"} <= set(typed_packages())
 
 
+def test_the_makefile_names_every_sdk_module_as_typed() -> None:
+    sdk = ROOT / "clients" / "python" / "knittrans"
+    modules = {f"knittrans.{p.stem}" for p in sdk.iterdir()
+               if p.name not in ("__init__.py", "v1", "__pycache__") and (p.suffix == ".py" or p.is_dir())}
+    assert modules <= set(typed_packages()), f"not type-checked: {sorted(modules - set(typed_packages()))}"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
                     reason="mypy is not installed (it comes with the dev extra: pip install -e '.[dev]')")
 def test_typed_packages_pass_mypy_strict() -> None:

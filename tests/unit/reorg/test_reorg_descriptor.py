@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from knittrans.errors import InvalidArgument
-from knittrans.trainer.descriptor import MicroBatchDescriptor, PackedEncodingUse, TensorSpec
+from knittrans.packed.tensors import PackedEncodingUse, TensorSpec
+from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.types import DType, UnitKey
 
 

@@ -15,11 +15,11 @@ from enum import StrEnum
 from knittrans.errors import InvalidArgument, KnitTransError
 from knittrans.plan import ConsumerAssignment
 from knittrans.plan.proto import assignment_from_proto as consumer_assignment_from_proto
-from knittrans.trajectory_batch import batch_from_messages, batch_from_metas
 from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta, UnitReservation
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_from_proto, consumer_to_proto, topology_from_proto, trajectory_to_proto
+from knittrans.wire.columns import batch_from_messages, batch_from_metas
 
 DEFAULT_DEADLINE = timedelta(seconds=10)
 

@@ -34,6 +34,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from knittrans.addresses import advertised_host, host_port
@@ -95,7 +96,7 @@ class MooncakeMaster:
     config: MooncakeClusterConfig
     host: str  # the advertised host: what clients and segment owners dial
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
     metrics_port: int = 0
 
@@ -132,7 +133,7 @@ class SegmentOwner:
     segment_size: int
     host: str  # the advertised host: where other nodes' clients read its segment
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
 
     @property
@@ -152,8 +153,8 @@ class MooncakeCluster:
     master_port: int
     owner_port: int
     log_dir: Path
-    master: subprocess.Popen
-    owner: subprocess.Popen
+    master: subprocess.Popen[bytes]
+    owner: subprocess.Popen[bytes]
     host: str = LOOPBACK  # the advertised host of both
     _owns_log_dir: bool = field(default=False, repr=False)
 
@@ -179,7 +180,7 @@ class MooncakeCluster:
         self.stop()
 
 
-def _stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
+def _stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -199,7 +200,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subprocess.Popen:
+def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             command,
@@ -221,7 +222,7 @@ def _start_listening(
     bind_host: str = LOOPBACK,
     probe_host: str = LOOPBACK,
     port: int = 0,
-) -> tuple[subprocess.Popen, int]:
+) -> tuple[subprocess.Popen[bytes], int]:
     """Start a server on ``port`` (0: a free port, retrying with another if it loses the race for one) and wait
     until ``probe_host`` (its advertised host) accepts connections on it."""
     log_path = log_path.resolve()  # named in errors, which are read from other directories
@@ -231,7 +232,7 @@ def _start_listening(
         process = _spawn(command_for_port(chosen), log_path, die_with_parent=die_with_parent)
         try:
             wait_until(
-                lambda p=process, c=chosen: p.poll() is not None or accepts_connections(probe_host, c),
+                partial(_exited_or_listening, process, probe_host, chosen),
                 timeout=timeout,
                 what=what,
             )
@@ -415,3 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
+    return process.poll() is not None or accepts_connections(host, port)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from knittrans.addresses import advertised_host, host_port, is_loopback
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 class RedisServer:
     port: int
     data_dir: Path
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     _owns_dir: bool = field(default=False, repr=False)
     host: str = "127.0.0.1"  # the advertised host
     password: str = field(default="", repr=False)
@@ -86,7 +87,7 @@ def start_redis(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
-            wait_until(lambda p=process, c=chosen: p.poll() is not None or accepts_connections(host, c),
+            wait_until(partial(_exited_or_listening, process, host, chosen),
                        timeout=timeout, what="redis-server")
         except TimeoutError:
             process.kill()
@@ -101,3 +102,7 @@ def start_redis(
         if port:
             break  # the port was given: another try would meet the same fate
     raise FailedPrecondition(failure_message("redis-server", last_error, log_path))
+
+
+def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
+    return process.poll() is not None or accepts_connections(host, port)

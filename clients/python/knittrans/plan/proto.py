@@ -50,6 +50,7 @@ from knittrans.wire import (
     unit_ref_from_proto,
     unit_ref_to_proto,
 )
+from knittrans.wire.enums import UNIT_KIND_FROM_PROTO, UNIT_KIND_TO_PROTO
 
 
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
@@ -277,14 +278,12 @@ def encoding_assignment_from_proto(e: plan_pb2.EncodingAssignment, path: str = "
 
 
 def _kind_to_proto(kind: UnitKind) -> trajectory_pb2.UnitKind:
-    # protoc's .pyi types enum fields as the enum class, while EnumTypeWrapper.Value returns a plain int.
-    return cast("trajectory_pb2.UnitKind", trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}"))
+    return UNIT_KIND_TO_PROTO[kind]
 
 
 def _kind_from_proto_number(number: int, path: str) -> UnitKind:
-    for kind in UnitKind:
-        if number == _kind_to_proto(kind):
-            return kind
+    if number in UNIT_KIND_FROM_PROTO:
+        return UNIT_KIND_FROM_PROTO[number]
     raise InvalidArgument("unknown or unspecified unit kind", field=path)
 
 

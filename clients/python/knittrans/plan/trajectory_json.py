@@ -6,8 +6,10 @@ strict reader the plan's JSON form shares. Unknown keys and wrong types raise
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from functools import partial
 from typing import Any
@@ -18,11 +20,8 @@ from knittrans.types import (
     DType,
     FieldAlignment,
     MultimodalRef,
-    SampleId,
-    SourceName,
     TokenSpan,
     Topology,
-    TrajectoryId,
     TrajectoryMeta,
     UnitHeader,
     UnitKey,
@@ -146,50 +145,55 @@ def _kind_from_json(value: str, field: str) -> UnitKind:
 
 def trajectory_to_json_dict(meta: TrajectoryMeta) -> dict[str, Any]:
     """The JSON form of a trajectory's metadata (one line of a BATCH.jsonl file; see docs/plan-format.md)."""
-    return {
-        "trajectory_id": meta.trajectory_id,
-        "sample_id": meta.sample_id,
-        "source": meta.source,
-        "rollout_step": meta.rollout_step,
-        "num_tokens": meta.num_tokens,
-        "num_loss_tokens": meta.num_loss_tokens,
-        "segments": [{"version": s.version, "num_tokens": s.num_tokens} for s in meta.segments],
-        "units": [
-            {"key": u.key, "field_name": u.field_name, "kind": u.kind.value, "header": _header_to_json_dict(u.header),
-             **({"alignment": u.alignment.value} if u.alignment is not None else {})}
-            for u in meta.units
-        ],
-        "multimodal": [
-            {
-                "key": m.key,
-                "encoder": m.encoder,
-                "cost": m.cost,
-                "placeholder": [m.placeholder.start, m.placeholder.end],
-                "kind": m.kind.value,
-                **({"header": _header_to_json_dict(m.header)} if m.header is not None else {}),
-            }
-            for m in meta.multimodal
-        ],
-        "accepted": meta.accepted,
-        "scalars": dict(meta.scalars),
-        "finished_at": meta.finished_at,
-    }
+    data: dict[str, Any] = {name: getattr(meta, name) for name in _TRAJECTORY_KEYS}  # plain fields as they are
+    data["segments"] = [{"version": s.version, "num_tokens": s.num_tokens} for s in meta.segments]
+    data["units"] = [
+        {"key": u.key, "field_name": u.field_name, "kind": u.kind.value, "header": _header_to_json_dict(u.header),
+         **({"alignment": u.alignment.value} if u.alignment is not None else {})}
+        for u in meta.units
+    ]
+    data["multimodal"] = [
+        {
+            "key": m.key,
+            "encoder": m.encoder,
+            "cost": m.cost,
+            "placeholder": [m.placeholder.start, m.placeholder.end],
+            "kind": m.kind.value,
+            **({"header": _header_to_json_dict(m.header)} if m.header is not None else {}),
+        }
+        for m in meta.multimodal
+    ]
+    data["scalars"] = dict(meta.scalars)
+    return data
 
 
-_TRAJECTORY_KEYS = (
-    "trajectory_id",
-    "sample_id",
-    "source",
-    "rollout_step",
-    "num_tokens",
-    "num_loss_tokens",
-    "segments",
-    "units",
-    "multimodal",
-    "accepted",
-    "scalars",
-    "finished_at",
+# The keys are TrajectoryMeta's fields, in its order. Its plain fields (one str, int, bool or float each) are read
+# and written generically, so a new one needs no code here: a missing one takes the dataclass's default, or one
+# of these documented defaults.
+_TRAJECTORY_KEYS = tuple(f.name for f in dataclasses.fields(TrajectoryMeta))
+_PLAIN_READERS = {builtins.str: "str", builtins.int: "int", builtins.bool: "bool", builtins.float: "float"}
+_HINTS = typing.get_type_hints(TrajectoryMeta)
+_PLAIN_FIELDS = tuple(
+    (f, _PLAIN_READERS[hint]) for f in dataclasses.fields(TrajectoryMeta)
+    if (hint := getattr(_HINTS[f.name], "__supertype__", _HINTS[f.name])) in _PLAIN_READERS  # NewType ids: str
 )
+_REQUIRED_FIRST = ("trajectory_id", "num_tokens")
+_DERIVED_DEFAULTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "sample_id": lambda read: read["trajectory_id"],
+    "source": lambda read: "default",
+    "rollout_step": lambda read: 0,
+    "num_loss_tokens": lambda read: max(read["num_tokens"], 0),
+}
+
+
+def _read_plain(f: Fields, field: dataclasses.Field[Any], reader: str, read: dict[str, Any]) -> Any:
+    if field.name in _DERIVED_DEFAULTS:
+        default = _DERIVED_DEFAULTS[field.name](read)
+    elif field.default is not dataclasses.MISSING:
+        default = field.default
+    else:
+        default = ...  # required
+    return getattr(f, reader)(field.name, default)
 
 
 def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
@@ -200,8 +204,11 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
     over every token, and ``accepted`` to true.
     """
     f = Fields(data, path, _TRAJECTORY_KEYS)
-    trajectory_id = f.str("trajectory_id")
-    num_tokens = f.int("num_tokens")
+    read: dict[str, Any] = {}
+    for field, reader in _PLAIN_FIELDS:
+        if field.name in _REQUIRED_FIRST:
+            read[field.name] = _read_plain(f, field, reader, read)
+    num_tokens = read["num_tokens"]
     segments = []
     default_segments = [{"version": 0, "num_tokens": num_tokens}] if num_tokens > 0 else []
     for i, raw in enumerate(f.list("segments", default_segments)):
@@ -244,27 +251,17 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise InvalidArgument(f"expected a number, got {value!r}", field=f"{f.field('scalars')}.{name}")
         scalars.append((str(name), float(value)))
-    sample_id = SampleId(f.str("sample_id", trajectory_id))
-    source = SourceName(f.str("source", "default"))
-    rollout_step = f.int("rollout_step", 0)
-    num_loss_tokens = f.int("num_loss_tokens", max(num_tokens, 0))
-    accepted = f.bool("accepted", True)
-    finished_at = f.float("finished_at", 0.0)
+    for field, reader in _PLAIN_FIELDS:
+        if field.name not in read:
+            read[field.name] = _read_plain(f, field, reader, read)
     return within(
         path,
         lambda: TrajectoryMeta(
-            trajectory_id=TrajectoryId(trajectory_id),
-            sample_id=sample_id,
-            source=source,
-            rollout_step=rollout_step,
-            num_tokens=num_tokens,
-            num_loss_tokens=num_loss_tokens,
+            **read,
             segments=tuple(segments),
             units=tuple(units),
             multimodal=tuple(multimodal),
-            accepted=accepted,
             scalars=tuple(scalars),
-            finished_at=finished_at,
         ),
     )
 

@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 from knittrans.errors import InvalidArgument
-from knittrans.packed.tensors import (  # PackedEncodingUse and TensorSpec: also imported from here
-    PackedEncodingUse,
-    TensorSpec,
-)
+from knittrans.packed.tensors import PackedEncodingUse, TensorSpec
 from knittrans.plan import EncodingAssignment
 from knittrans.plan.proto import encoding_assignment_from_proto
-from knittrans.types import DType, UnitKey
-from knittrans.v1 import plan_pb2, trajectory_pb2
+from knittrans.types import UnitKey
+from knittrans.v1 import plan_pb2
 from knittrans.v1 import reorg_service_pb2 as pb
 from knittrans.wire import within
-
-_DTYPE_TO_PROTO = {dtype: trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}") for dtype in DType}
-_DTYPE_FROM_PROTO = {number: dtype for dtype, number in _DTYPE_TO_PROTO.items()}
+from knittrans.wire.enums import DTYPE_FROM_PROTO, DTYPE_TO_PROTO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +133,7 @@ class MicroBatchDescriptor:
             used_bytes=self.used_bytes,
             tensors=[
                 pb.TensorDescriptor(
-                    name=t.name, dtype=_DTYPE_TO_PROTO[t.dtype], shape=t.shape, offset=t.offset,
+                    name=t.name, dtype=DTYPE_TO_PROTO[t.dtype], shape=t.shape, offset=t.offset,
                     byte_length=t.byte_length,
                 )
                 for t in self.tensors
@@ -168,12 +163,12 @@ class MicroBatchDescriptor:
     def from_proto(message: pb.MicroBatchDescriptor) -> MicroBatchDescriptor:
         tensors = []
         for i, t in enumerate(message.tensors):
-            if t.dtype not in _DTYPE_FROM_PROTO:
+            if t.dtype not in DTYPE_FROM_PROTO:
                 raise InvalidArgument("unknown or unspecified dtype", field=f"tensors[{i}].dtype")
             spec = within(
                 f"tensors[{i}]",
-                lambda t=t: TensorSpec(name=t.name, dtype=_DTYPE_FROM_PROTO[t.dtype], shape=tuple(t.shape),
-                                       offset=t.offset),
+                partial(TensorSpec, name=t.name, dtype=DTYPE_FROM_PROTO[t.dtype], shape=tuple(t.shape),
+                        offset=t.offset),
             )
             if spec.byte_length != t.byte_length:
                 raise InvalidArgument("does not match dtype and shape", field=f"tensors[{i}].byte_length")
@@ -181,8 +176,8 @@ class MicroBatchDescriptor:
         encodings = tuple(
             within(
                 f"encodings[{i}]",
-                lambda u=u: PackedEncodingUse(
-                    encoding_id=u.encoding_id, key=UnitKey(u.key), packed_start=u.packed_start,
+                partial(
+                    PackedEncodingUse, encoding_id=u.encoding_id, key=UnitKey(u.key), packed_start=u.packed_start,
                     packed_end=u.packed_end, row_start=u.row_start, trajectory_id=u.trajectory_id,
                     reference=u.reference,
                 ),

@@ -19,16 +19,16 @@ import numpy as np
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
 from knittrans.admission.service.trajectory_columns import HeaderColumns, TrajectoryColumns, gather_index
 from knittrans.plan.assignment import ROUTE_LISTS, AssignmentSource, ItemLayout, UnitRead, expand_backbone
-from knittrans.types import BACKBONE_ROLE, ConsumerId, DType, Topology, UnitKind
+from knittrans.types import BACKBONE_ROLE, ConsumerId, FieldAlignment, Topology
 from knittrans.v1 import plan_pb2, trajectory_pb2
+from knittrans.wire.enums import ALIGNMENT_TO_PROTO, ITEMSIZE_BY_PROTO, UNIT_KIND_FROM_PROTO
 
-_TOKEN_ALIGNED = trajectory_pb2.FIELD_ALIGNMENT_TOKEN
-_ITEMSIZE_LUT = np.zeros(max(trajectory_pb2.DType.values()) + 1, dtype=np.int64)
-for _dtype in DType:
-    _ITEMSIZE_LUT[trajectory_pb2.DType.Value(f"D_TYPE_{_dtype.name}")] = _dtype.itemsize
-_KIND_FROM_PROTO = {trajectory_pb2.UnitKind.Value(f"UNIT_KIND_{kind.name}"): kind for kind in UnitKind}
-_READ_LUT = np.zeros(max(_KIND_FROM_PROTO) + 1, dtype=np.int64)  # proto UnitKind number -> UnitRead
-for _number, _kind in _KIND_FROM_PROTO.items():
+_TOKEN_ALIGNED = ALIGNMENT_TO_PROTO[FieldAlignment.TOKEN]
+_ITEMSIZE_LUT = np.zeros(max(ITEMSIZE_BY_PROTO) + 1, dtype=np.int64)
+for _number, _itemsize in ITEMSIZE_BY_PROTO.items():
+    _ITEMSIZE_LUT[_number] = _itemsize
+_READ_LUT = np.zeros(max(UNIT_KIND_FROM_PROTO) + 1, dtype=np.int64)  # proto UnitKind number -> UnitRead
+for _number, _kind in UNIT_KIND_FROM_PROTO.items():
     _READ_LUT[_number] = UnitRead.of(_kind)
 
 
@@ -131,7 +131,7 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
             costs=joined["costs"].astype(np.float64),
             starts=joined["starts"].astype(np.int64),
             ends=joined["ends"].astype(np.int64),
-            kinds=tuple(_KIND_FROM_PROTO.get(k, k) for k in ref_kinds),
+            kinds=tuple(UNIT_KIND_FROM_PROTO.get(k, k) for k in ref_kinds),
             content_hashes=tuple(hashes),
         ),
         reference_kinds=tuple(ref_kinds),

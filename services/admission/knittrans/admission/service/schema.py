@@ -27,12 +27,13 @@ import numpy as np
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import InvalidArgument
 from knittrans.tensor_names import field_name_problem, scalar_name_problem
-from knittrans.v1 import trajectory_pb2
+from knittrans.types import DType
+from knittrans.wire.enums import DTYPE_FROM_PROTO, DTYPE_TO_PROTO, TOKEN_FIELD_KIND, UNIT_KIND_FROM_PROTO
 
-_TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
+_TOKEN_FIELD = TOKEN_FIELD_KIND
 _INTEGER_DTYPES = frozenset(
-    trajectory_pb2.DType.Value(f"D_TYPE_{name}")
-    for name in ("UINT8", "INT8", "UINT16", "INT16", "INT32", "UINT32", "INT64")
+    DTYPE_TO_PROTO[dtype]
+    for dtype in (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.UINT32, DType.INT64)
 )
 
 
@@ -45,8 +46,8 @@ class FieldSchema:
     trailing_shape: tuple[int, ...] | None  # per-token fields: shape[1:]; None: not fixed
 
     def describe(self) -> str:
-        kind = trajectory_pb2.UnitKind.Name(self.kind).removeprefix("UNIT_KIND_").lower()
-        dtype = trajectory_pb2.DType.Name(self.dtype).removeprefix("D_TYPE_").lower()
+        kind = UNIT_KIND_FROM_PROTO[self.kind].value
+        dtype = DTYPE_FROM_PROTO[self.dtype].value
         shape = "" if self.trailing_shape is None else f", rows of shape {list(self.trailing_shape)}"
         return f"{kind} {dtype}{shape}"
 

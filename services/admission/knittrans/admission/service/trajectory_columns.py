@@ -4,20 +4,21 @@
 together (naming ``batch.<column>``), and gives back trajectory ``i`` as the message it stands for
 (:meth:`TrajectoryColumns.message`): the same message :func:`knittrans.wire.trajectory_to_proto` makes of the
 trajectory's domain object, so both forms of one trajectory are interchangeable. The SDK builds batches
-(:mod:`knittrans.trajectory_batch`); only the service reads them.
+(:mod:`knittrans.wire.columns`); only the service reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from knittrans.errors import InvalidArgument
-from knittrans.trajectory_batch import ColumnLists, HeaderLists
 from knittrans.v1 import trajectory_pb2
+from knittrans.wire.columns import ColumnLists, HeaderLists
+from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, TRAJECTORY_FIELDS
 
 
 def _column(values: Sequence, dtype) -> np.ndarray:
@@ -144,15 +145,9 @@ class TrajectoryColumns:
     its header in ``multimodal_headers`` (-1: none). ``messages`` are the messages the columns came from, if any.
     """
 
-    # String columns are tuples when read from a batch: the collector stops tracking tuples of strings.
-    trajectory_ids: Sequence[str]
-    sample_ids: Sequence[str]
-    sources: Sequence[str]
-    rollout_steps: np.ndarray  # uint64
-    num_tokens: np.ndarray  # uint64
-    num_loss_tokens: np.ndarray  # uint64
-    accepted: np.ndarray  # bool
-    finished_at: np.ndarray  # float64
+    # The knittrans.wire.trajectory.TRAJECTORY_COLUMNS columns, by column name: str ones as sequences of strings
+    # (tuples when read from a batch: the collector stops tracking tuples of strings), the others as arrays.
+    plain: Mapping[str, Sequence]
     segment_offsets: np.ndarray
     segment_versions: np.ndarray  # uint64
     segment_tokens: np.ndarray  # uint64
@@ -178,6 +173,19 @@ class TrajectoryColumns:
     scalar_names: list[str]
     scalar_values: np.ndarray  # float64
     messages: Sequence[trajectory_pb2.TrajectoryMetadata] | None = None
+    # The plain columns the service reads by name (views of ``plain``).
+    trajectory_ids: Sequence[str] = field(init=False)
+    sample_ids: Sequence[str] = field(init=False)
+    sources: Sequence[str] = field(init=False)
+    rollout_steps: np.ndarray = field(init=False)  # uint64
+    num_tokens: np.ndarray = field(init=False)  # uint64
+    num_loss_tokens: np.ndarray = field(init=False)  # uint64
+    accepted: np.ndarray = field(init=False)  # bool
+    finished_at: np.ndarray = field(init=False)  # float64
+
+    def __post_init__(self) -> None:
+        for name in _NAMED_PLAIN_COLUMNS:
+            object.__setattr__(self, name, self.plain[name])
 
     def __len__(self) -> int:
         return len(self.trajectory_ids)
@@ -190,15 +198,10 @@ class TrajectoryColumns:
         for message in messages:
             lists.add_message(message)
         has_header = np.array(lists.multimodal_has_header, dtype=bool)
+        plain = lists.plain_columns()
         return TrajectoryColumns(
-            trajectory_ids=lists.trajectory_ids,
-            sample_ids=lists.sample_ids,
-            sources=lists.sources,
-            rollout_steps=np.array(lists.rollout_steps, dtype=np.uint64),
-            num_tokens=np.array(lists.num_tokens, dtype=np.uint64),
-            num_loss_tokens=np.array(lists.num_loss_tokens, dtype=np.uint64),
-            accepted=np.array(lists.accepted, dtype=bool),
-            finished_at=np.array(lists.finished_at, dtype=np.float64),
+            plain={spec.column: plain[spec.column] if spec.dtype == "str" else np.array(plain[spec.column], spec.dtype)
+                   for spec in TRAJECTORY_COLUMNS},
             segment_offsets=_offsets(np.array(lists.segment_counts, dtype=np.int64)),
             segment_versions=np.array(lists.segment_versions, dtype=np.uint64),
             segment_tokens=np.array(lists.segment_tokens, dtype=np.uint64),
@@ -230,8 +233,7 @@ class TrajectoryColumns:
     def from_proto(batch: trajectory_pb2.TrajectoryBatch) -> TrajectoryColumns:
         """Read a batch, checking that its columns fit together (``batch.<column>`` names a misfit)."""
         n = len(batch.trajectory_ids)
-        for name in ("sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted",
-                     "finished_at", "segment_counts", "unit_counts", "multimodal_counts", "scalar_counts"):
+        for name in (*_PLAIN_COLUMN_NAMES, "segment_counts", "unit_counts", "multimodal_counts", "scalar_counts"):
             _check_length(name, getattr(batch, name), n, "one per trajectory")
         segment_offsets = _offsets(_column(batch.segment_counts, np.int64))
         unit_offsets = _offsets(_column(batch.unit_counts, np.int64))
@@ -257,14 +259,8 @@ class TrajectoryColumns:
         has_header = _column(batch.multimodal_has_header, bool)
         scalar_names = list(batch.scalar_names)
         columns = TrajectoryColumns(
-            trajectory_ids=tuple(batch.trajectory_ids),
-            sample_ids=tuple(batch.sample_ids),
-            sources=tuple(batch.sources),
-            rollout_steps=_column(batch.rollout_steps, np.uint64),
-            num_tokens=_column(batch.num_tokens, np.uint64),
-            num_loss_tokens=_column(batch.num_loss_tokens, np.uint64),
-            accepted=_column(batch.accepted, bool),
-            finished_at=_column(batch.finished_at, np.float64),
+            plain={spec.column: tuple(getattr(batch, spec.column)) if spec.dtype == "str"
+                   else _column(getattr(batch, spec.column), spec.dtype) for spec in TRAJECTORY_COLUMNS},
             segment_offsets=segment_offsets,
             segment_versions=_column(batch.segment_versions, np.uint64),
             segment_tokens=_column(batch.segment_tokens, np.uint64),
@@ -341,12 +337,18 @@ class TrajectoryColumns:
     @cached_property
     def _python(self) -> dict[str, list]:
         """Plain-Python numeric columns, for building messages (indexing numpy arrays one by one is slow)."""
-        names = ("rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_offsets",
+        names = ("segment_offsets",
                  "segment_versions", "segment_tokens", "unit_offsets", "unit_kinds", "unit_alignments",
                  "multimodal_offsets",
                  "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds",
                  "multimodal_header_index", "scalar_offsets", "scalar_values")
         return {name: tuple(getattr(self, name).tolist()) for name in names}  # untracked by the collector
+
+    @cached_property
+    def _plain_python(self) -> tuple[Sequence, ...]:
+        """The plain columns as Python sequences, in TRAJECTORY_COLUMNS order."""
+        return tuple(column if isinstance(column, (tuple, list)) else tuple(column.tolist())
+                     for column in (self.plain[name] for name in _PLAIN_COLUMN_NAMES))
 
     def message_fields(self, i: int) -> dict:
         """Trajectory i as ``TrajectoryMetadata`` constructor fields: exactly what
@@ -371,12 +373,7 @@ class TrajectoryColumns:
                 multimodal.append(ref)
         c0, c1 = p["scalar_offsets"][i], p["scalar_offsets"][i + 1]
         return {
-            "trajectory_id": self.trajectory_ids[i],
-            "sample_id": self.sample_ids[i],
-            "source": self.sources[i],
-            "rollout_step": p["rollout_steps"][i],
-            "num_tokens": p["num_tokens"][i],
-            "num_loss_tokens": p["num_loss_tokens"][i],
+            **{name: column[i] for name, column in zip(TRAJECTORY_FIELDS, self._plain_python, strict=True)},
             "segments": [{"version": versions[k], "num_tokens": lengths[k]} for k in range(s0, s1)],
             "units": [
                 {"key": keys[k], "field_name": names[k], "kind": kinds[k], "header": unit_header(k),
@@ -384,9 +381,7 @@ class TrajectoryColumns:
                 for k in range(u0, u1)
             ],
             "multimodal": multimodal,
-            "accepted": p["accepted"][i],
             "scalars": dict(zip(self.scalar_names[c0:c1], p["scalar_values"][c0:c1], strict=True)) if c1 > c0 else {},
-            "finished_at": p["finished_at"][i],
         }
 
     def message(self, i: int) -> trajectory_pb2.TrajectoryMetadata:
@@ -419,15 +414,10 @@ class TrajectoryColumns:
             raise InvalidArgument("a unit has no header", field="units")
         header_index = self.multimodal_header_index[refs]
         alignments = self.unit_alignments[units]
+        plain = self.plain
         return trajectory_pb2.TrajectoryBatch(
-            trajectory_ids=[self.trajectory_ids[i] for i in row_list],
-            sample_ids=[self.sample_ids[i] for i in row_list],
-            sources=[self.sources[i] for i in row_list],
-            rollout_steps=self.rollout_steps[rows].tolist(),
-            num_tokens=self.num_tokens[rows].tolist(),
-            num_loss_tokens=self.num_loss_tokens[rows].tolist(),
-            accepted=self.accepted[rows].tolist(),
-            finished_at=self.finished_at[rows].tolist(),
+            **{spec.column: [plain[spec.column][i] for i in row_list] if spec.dtype == "str"
+               else plain[spec.column][rows].tolist() for spec in TRAJECTORY_COLUMNS},
             segment_counts=np.diff(self.segment_offsets)[rows].tolist(),
             segment_versions=self.segment_versions[segments].tolist(),
             segment_tokens=self.segment_tokens[segments].tolist(),
@@ -452,6 +442,11 @@ class TrajectoryColumns:
             scalar_names=[self.scalar_names[k] for k in scalar_list],
             scalar_values=self.scalar_values[scalars].tolist(),
         )
+
+
+_PLAIN_COLUMN_NAMES = tuple(spec.column for spec in TRAJECTORY_COLUMNS)
+_NAMED_PLAIN_COLUMNS = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens",
+                        "accepted", "finished_at")
 
 
 def _indices(values: Sequence[int], size: int, name: str, names: str) -> np.ndarray:

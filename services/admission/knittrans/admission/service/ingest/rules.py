@@ -1,38 +1,41 @@
 """Validation of reported trajectory metadata on the ingest hot path.
 
-Building the full domain object (:func:`knittrans.wire.trajectory_from_proto`) for every report costs far
-more than the ingest budget (50k reports/s on two cores), so reports are checked with the same rules without
-building it. :func:`check_trajectory` checks one message and names the first bad field; a property test keeps it
-equivalent to the domain types. :func:`check_columns` checks a whole report as columns
+A trajectory is valid when its domain object can be built (:func:`knittrans.wire.trajectory_from_proto`, whose
+types carry every rule of one trajectory and name the field) and it fits the job (:func:`check_limits`: known
+sources and encoders, bounded sizes, no version from the future). :func:`check_trajectory` is that one
+validation, for one message. Building the domain object of every trajectory costs far more than the ingest
+budget (50k reports/s on two cores), so :func:`check_columns` checks a whole report as columns
 (:class:`~knittrans.admission.service.trajectory_columns.TrajectoryColumns`, from either report form): each rule
-runs once over a column with numpy, and only a trajectory it flags (or whose numbers are too large for exact
-array arithmetic) goes through :func:`check_trajectory`, which raises the error. So both forms of a report get the
-same error, and property tests keep the column rules from passing anything :func:`check_trajectory` rejects.
+runs once over a column with numpy (:func:`flag_trajectories`), and only a trajectory it flags (or whose numbers
+are too large for exact array arithmetic) goes through :func:`check_trajectory`, which raises the error. So both
+forms of a report get the same error, and property tests keep the column rules from passing anything
+:func:`check_trajectory` rejects.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from knittrans.admission.service.trajectory_columns import HeaderColumns, TrajectoryColumns
-from knittrans.errors import InvalidArgument
-from knittrans.types import _ID_PATTERN, MAX_ID_LENGTH, DType
+from knittrans.errors import InvalidArgument, within
+from knittrans.types import _ID_PATTERN, MAX_ID_LENGTH
 from knittrans.v1 import trajectory_pb2
+from knittrans.wire import trajectory_from_proto
+from knittrans.wire.enums import (
+    ALIGNMENT_FROM_PROTO,
+    ITEMSIZE_BY_PROTO,
+    MEDIA_KINDS,
+    TOKEN_FIELD_KIND,
+    UNIT_KIND_FROM_PROTO,
+)
 
-_ITEMSIZE_BY_PROTO = {
-    trajectory_pb2.DType.Value(f"D_TYPE_{dtype.name}"): dtype.itemsize for dtype in DType
-}
-_TOKEN_FIELD = trajectory_pb2.UNIT_KIND_TOKEN_FIELD
-_MEDIA_KINDS = frozenset((trajectory_pb2.UNIT_KIND_IMAGE, trajectory_pb2.UNIT_KIND_VIDEO))
-_UNIT_KINDS = frozenset((_TOKEN_FIELD, trajectory_pb2.UNIT_KIND_FIELD)) | _MEDIA_KINDS
 _HEX = frozenset("0123456789abcdef")
-_ALIGNMENTS = frozenset(trajectory_pb2.FieldAlignment.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,20 +50,6 @@ class IngestLimits:
     max_tokens: int = 4 * 1024 * 1024
 
 
-class Ingested(NamedTuple):
-    """What the service keeps of a validated report besides the message itself, read in one pass."""
-
-    trajectory_id: str
-    sample_id: str
-    source: str
-    rollout_step: int
-    num_tokens: int
-    oldest_version: int
-    accepted: bool
-    unit_keys: tuple[str, ...]
-    multimodal_keys: tuple[str, ...]
-
-
 def _listed(names: Collection[str], none: str = "none") -> str:
     return ", ".join(repr(name) for name in sorted(names)) if names else none
 
@@ -69,188 +58,74 @@ def _bad_id(value: str) -> bool:
     return not value or len(value) > MAX_ID_LENGTH or not _ID_PATTERN.match(value)
 
 
-def _id_error(value: str, field: str) -> InvalidArgument:
-    if not value:
-        return InvalidArgument("is required", field=field)
-    return InvalidArgument(f"must be at most {MAX_ID_LENGTH} characters of [A-Za-z0-9._:@/+=-]", field=field)
-
-
-def _check_header(header: trajectory_pb2.UnitHeader, field: str) -> int:
-    """Validate a header; returns its first dimension (0 when it has no shape)."""
-    itemsize = _ITEMSIZE_BY_PROTO.get(header.dtype)
-    if itemsize is None:
-        raise InvalidArgument("unknown or unspecified dtype", field=f"{field}.dtype")
-    shape = header.shape
-    expected = itemsize
-    for dim in shape:
-        expected *= dim
-    if header.byte_length != expected:
-        raise InvalidArgument(
-            f"{header.byte_length} bytes do not match shape {list(shape)}", field=f"{field}.byte_length"
-        )
-    digest = header.content_hash
-    if not 8 <= len(digest) <= 128 or not _HEX.issuperset(digest):
-        raise InvalidArgument("must be a lower-case hex digest", field=f"{field}.content_hash")
-    if header.HasField("seq_axis"):
-        if header.seq_axis != 0:
-            raise InvalidArgument("must be 0 (leading axis) or unset", field=f"{field}.seq_axis")
-        if not shape:
-            raise InvalidArgument("a sequence unit needs at least one dimension", field=f"{field}.shape")
-    elif header.chunk_tokens:
-        raise InvalidArgument("chunking needs a sequence axis", field=f"{field}.chunk_tokens")
-    return shape[0] if shape else 0
-
-
-def check_trajectory(
-    message: trajectory_pb2.TrajectoryMetadata, field: str, limits: IngestLimits, current_version: int
-) -> Ingested:
-    """Validate one report, reading every field once; raise :class:`InvalidArgument` naming
-    ``field.<sub-field>``. Field paths are only formatted on error: this is the ingest hot path."""
-    trajectory_id = message.trajectory_id
-    if _bad_id(trajectory_id):
-        raise _id_error(trajectory_id, f"{field}.trajectory_id")
-    sample_id = message.sample_id
-    if _bad_id(sample_id):
-        raise _id_error(sample_id, f"{field}.sample_id")
-    source = message.source
+def check_limits(trajectory: Any, field: str, limits: IngestLimits, current_version: int) -> None:
+    """The job's bounds on one trajectory (a message or a domain object: they read alike), beyond the rules of
+    the domain types. Checked first: they bound the work of building the domain object."""
+    source = trajectory.source
     if source not in limits.sources:
         raise InvalidArgument(f"unknown source {source!r}; the job's sources are {_listed(limits.sources)}",
                               field=f"{field}.source")
-    num_tokens = message.num_tokens
-    if num_tokens < 1:
-        raise InvalidArgument("must be a positive integer", field=f"{field}.num_tokens")
-    if num_tokens > limits.max_tokens:
+    if trajectory.num_tokens > limits.max_tokens:
         raise InvalidArgument(f"exceeds the limit of {limits.max_tokens}", field=f"{field}.num_tokens")
-    if message.num_loss_tokens > num_tokens:
-        raise InvalidArgument("exceeds num_tokens", field=f"{field}.num_loss_tokens")
-    segments = message.segments
-    if not segments:
-        raise InvalidArgument("needs at least one version segment", field=f"{field}.segments")
+    segments = trajectory.segments
     if len(segments) > limits.max_segments:
         raise InvalidArgument(f"more than {limits.max_segments} segments", field=f"{field}.segments")
-    covered = 0
-    oldest = None
     for i, segment in enumerate(segments):
-        tokens = segment.num_tokens
-        version = segment.version
-        if tokens < 1:
-            raise InvalidArgument("must be a positive integer", field=f"{field}.segments[{i}].num_tokens")
-        if version > current_version:
+        if segment.version > current_version:
             raise InvalidArgument(
-                f"version {version} is from the future (current version is {current_version})",
+                f"version {segment.version} is from the future (current version is {current_version})",
                 field=f"{field}.segments[{i}].version",
             )
-        covered += tokens
-        if oldest is None or version < oldest:
-            oldest = version
-    if covered > num_tokens:
-        raise InvalidArgument("segments cover more tokens than num_tokens", field=f"{field}.segments")
-    units = message.units
-    if len(units) > limits.max_units:
+    if len(trajectory.units) > limits.max_units:
         raise InvalidArgument(f"more than {limits.max_units} units", field=f"{field}.units")
-    unit_keys = []
-    seen_fields: set[str] = set()
-    for i, unit in enumerate(units):
-        key = unit.key
-        if _bad_id(key):
-            raise _id_error(key, f"{field}.units[{i}].key")
-        field_name = unit.field_name
-        if _bad_id(field_name):
-            raise _id_error(field_name, f"{field}.units[{i}].field_name")
-        if field_name in seen_fields:
-            raise InvalidArgument(f"field {field_name!r} appears twice", field=f"{field}.units[{i}].field_name")
-        seen_fields.add(field_name)
-        kind = unit.kind
-        if kind not in _UNIT_KINDS:
-            raise InvalidArgument("unknown or unspecified unit kind", field=f"{field}.units[{i}].kind")
-        if not unit.HasField("header"):
-            raise InvalidArgument("is required", field=f"{field}.units[{i}].header")
-        header = unit.header
-        first_dim = _check_header(header, f"{field}.units[{i}].header")
-        alignment = unit.alignment
-        if alignment:
-            if alignment not in _ALIGNMENTS:
-                raise InvalidArgument(f"unknown field alignment {alignment}", field=f"{field}.units[{i}].alignment")
-            if kind != _TOKEN_FIELD:
-                raise InvalidArgument("only per-token fields have an alignment", field=f"{field}.units[{i}].alignment")
-        if kind == _TOKEN_FIELD:
-            if not header.HasField("seq_axis"):
-                raise InvalidArgument("a token field must have seq_axis 0", field=f"{field}.units[{i}].header.seq_axis")
-            if first_dim != num_tokens:
-                raise InvalidArgument(
-                    f"has {first_dim} tokens, the trajectory has {num_tokens}", field=f"{field}.units[{i}].header.shape"
-                )
-        unit_keys.append(key)
-    multimodal = message.multimodal
+    multimodal = trajectory.multimodal
     if len(multimodal) > limits.max_multimodal:
         raise InvalidArgument(f"more than {limits.max_multimodal} references", field=f"{field}.multimodal")
-    multimodal_keys = []
     for i, ref in enumerate(multimodal):
-        key = ref.key
-        if _bad_id(key):
-            raise _id_error(key, f"{field}.multimodal[{i}].key")
         if ref.encoder not in limits.encoders:
             raise InvalidArgument(
                 f"unknown encoder {ref.encoder!r}; the job's topology has {_listed(limits.encoders, 'no encoders')}",
                 field=f"{field}.multimodal[{i}].encoder",
             )
-        cost = ref.cost
-        if not (cost > 0 and math.isfinite(cost)):
-            raise InvalidArgument("must be a positive finite number", field=f"{field}.multimodal[{i}].cost")
-        if ref.kind not in _MEDIA_KINDS:
-            raise InvalidArgument("must be image or video", field=f"{field}.multimodal[{i}].kind")
-        span = ref.placeholder
-        start, end = span.start, span.end
-        if end < start:
-            raise InvalidArgument(
-                f"end {end} is before start {start}", field=f"{field}.multimodal[{i}].placeholder.end"
-            )
-        if end == start:
-            raise InvalidArgument(
-                "must hold at least one placeholder token", field=f"{field}.multimodal[{i}].placeholder"
-            )
-        if end > num_tokens:
-            raise InvalidArgument("placeholder lies outside the sequence", field=f"{field}.multimodal[{i}].placeholder")
-        if ref.HasField("header"):
-            _check_header(ref.header, f"{field}.multimodal[{i}].header")
-        multimodal_keys.append(key)
-    if not math.isfinite(message.finished_at):
-        raise InvalidArgument("must be finite", field=f"{field}.finished_at")
-    return Ingested(trajectory_id, sample_id, source, message.rollout_step, num_tokens, oldest, message.accepted,
-                    tuple(unit_keys), tuple(dict.fromkeys(multimodal_keys)))
+
+
+def check_trajectory(
+    message: trajectory_pb2.TrajectoryMetadata, field: str, limits: IngestLimits, current_version: int
+) -> None:
+    """Validate one report: the job's limits, then the domain types' rules; raise :class:`InvalidArgument`
+    naming ``field.<sub-field>``."""
+    check_limits(message, field, limits, current_version)
+    within(field, partial(trajectory_from_proto, message))
 
 
 def check_batch(
     trajectories: Sequence[trajectory_pb2.TrajectoryMetadata], limits: IngestLimits, current_version: int,
     *, max_batch: int,
-) -> list[Ingested]:
+) -> None:
     """Validate a whole report; one bad item rejects the batch, naming ``trajectories[i].field``."""
     if len(trajectories) > max_batch:
         raise InvalidArgument(f"{len(trajectories)} trajectories exceed the limit of {max_batch}", field="trajectories")
     seen: set[str] = set()
-    ingested = []
     for i, message in enumerate(trajectories):
-        item = check_trajectory(message, f"trajectories[{i}]", limits, current_version)
-        if item.trajectory_id in seen:
+        check_trajectory(message, f"trajectories[{i}]", limits, current_version)
+        if message.trajectory_id in seen:
             raise InvalidArgument("appears twice in one report", field=f"trajectories[{i}].trajectory_id")
-        seen.add(item.trajectory_id)
-        ingested.append(item)
-    return ingested
+        seen.add(message.trajectory_id)
 
 
 # ---- whole reports, as columns -------------------------------------------------------------------------------
 
 _ID_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:@/+=-"
 _HEX_BYTES = b"0123456789abcdef"
-_ITEMSIZE_LUT = np.zeros(max(_ITEMSIZE_BY_PROTO) + 1, dtype=np.int64)
-for _number, _size in _ITEMSIZE_BY_PROTO.items():
+_ITEMSIZE_LUT = np.zeros(max(ITEMSIZE_BY_PROTO) + 1, dtype=np.int64)
+for _number, _size in ITEMSIZE_BY_PROTO.items():
     _ITEMSIZE_LUT[_number] = _size
 _SMALL_REPORT = 4  # trajectories
 _MAX_RANK = 16  # shapes of more dimensions go to the exact check
 _EXACT_LIMIT = float(2**62)  # above this, products of shape dimensions could overflow int64
-_UNIT_KIND_NUMBERS = np.array(sorted(_UNIT_KINDS), dtype=np.int64)
-_MEDIA_KIND_NUMBERS = np.array(sorted(_MEDIA_KINDS), dtype=np.int64)
-_ALIGNMENT_NUMBERS = np.array(sorted(_ALIGNMENTS), dtype=np.int64)
+_UNIT_KIND_NUMBERS = np.array(sorted(UNIT_KIND_FROM_PROTO), dtype=np.int64)
+_MEDIA_KIND_NUMBERS = np.array(sorted(MEDIA_KINDS), dtype=np.int64)
+_ALIGNMENT_NUMBERS = np.array(sorted(ALIGNMENT_FROM_PROTO), dtype=np.int64)
 
 
 def _all_match(values: list[str], alphabet: bytes, shortest: int, longest: int) -> bool:
@@ -285,7 +160,8 @@ def _not_in(values: list[str], allowed: Collection[str]) -> np.ndarray | None:
 
 
 def _header_flags(headers: HeaderColumns) -> tuple[np.ndarray, np.ndarray]:
-    """Per header: whether a rule of :func:`_check_header` may fail, and its first dimension (0 without one)."""
+    """Per header: whether a rule of :class:`~knittrans.types.UnitHeader` may fail, and its first dimension (0
+    without one)."""
     count = len(headers)
     dtypes = headers.dtypes
     known = (dtypes >= 0) & (dtypes < len(_ITEMSIZE_LUT))
@@ -399,7 +275,7 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
         flagged |= repeated
     kinds = columns.unit_kinds
     header_flags, first_dims = _header_flags(columns.unit_headers)
-    token_field = kinds == _TOKEN_FIELD
+    token_field = kinds == TOKEN_FIELD_KIND
     flag_parts(unit_rows, ~np.isin(kinds, _UNIT_KIND_NUMBERS) | ~columns.unit_has_header | header_flags
                | (token_field & (~columns.unit_headers.has_seq_axis | (first_dims != num_tokens[unit_rows]))))
     alignments = columns.unit_alignments
