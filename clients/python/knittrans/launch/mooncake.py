@@ -74,6 +74,11 @@ class MooncakeClusterConfig:
             raise InvalidArgument("must be a positive integer", field="client_ttl_s")
 
 
+
+def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
+    return process.poll() is not None or accepts_connections(host, port)
+
+
 def mooncake_binary(name: str) -> Path:
     """The native ``mooncake_master`` / ``mooncake_client`` shipped inside the mooncake wheel."""
     try:
@@ -416,7 +421,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
-    return process.poll() is not None or accepts_connections(host, port)

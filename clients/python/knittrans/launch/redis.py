@@ -48,6 +48,11 @@ class RedisServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
+
+def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
+    return process.poll() is not None or accepts_connections(host, port)
+
+
 def start_redis(
     data_dir: Path | None = None,
     *,
@@ -102,7 +107,3 @@ def start_redis(
         if port:
             break  # the port was given: another try would meet the same fate
     raise FailedPrecondition(failure_message("redis-server", last_error, log_path))
-
-
-def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
-    return process.poll() is not None or accepts_connections(host, port)
