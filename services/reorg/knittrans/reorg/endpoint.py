@@ -190,14 +190,20 @@ async def start_reorg(
     """Register with the source, clean up after a crashed predecessor, and start the pipeline and endpoint."""
     registry = registry or CollectorRegistry()
     consumer = settings.consumer
-    registration = await source.register()
+    # Before anything of the owner's is touched: the ring removes a predecessor's segments and the socket is
+    # replaced, which is right only once the lock proves that predecessor gone (a live one refuses this claim).
+    # Before registering too, where the job is known: a refused sidecar never speaks for the holder's consumer.
+    lease = _claim(settings) if settings.job else None
+    try:
+        registration = await source.register()
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
     job = registration.job or settings.job
     if not settings.job:  # the segments and the default socket are named after the admission service's job
         settings = replace(settings, job=job or "default")
-    # Before anything of the owner's is touched: the ring removes a predecessor's segments and the socket is
-    # replaced, which is right only once the lock proves that predecessor gone (a live one refuses this claim).
-    lease = FileLease.claim(owner_lease_path(settings.job, settings.owner_name),
-                            what=f"sidecar {consumer} of job {settings.job!r}")
+        lease = _claim(settings)
     metrics = ReorgMetrics(registry, role=consumer.role)
     incarnation = new_incarnation()
     try:
@@ -243,6 +249,11 @@ async def start_reorg(
                 sidecar.tp, ring.slots, sidecar.incarnation)
     return RunningReorg(sidecar=sidecar, server=server, socket_path=socket_path, pipeline=pipeline, _store=store,
                         _source=source, _close_store=close_store, _lease=lease)
+
+
+def _claim(settings: ReorgSettings) -> FileLease:
+    return FileLease.claim(owner_lease_path(settings.job, settings.owner_name),
+                           what=f"sidecar {settings.consumer} of job {settings.job!r}")
 
 
 async def _run_logged(sidecar: Sidecar) -> None:
