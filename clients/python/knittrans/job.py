@@ -164,10 +164,3 @@ class FileLease:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-
-def read_holder(path: Path) -> Holder | None:
-    """The holder a lock file names (for messages; whether it is live is the lock's to say)."""
-    try:
-        return Holder.from_json(path.read_bytes())
-    except OSError:
-        return None

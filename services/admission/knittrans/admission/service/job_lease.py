@@ -24,15 +24,15 @@ from knittrans.job import FileLease, Holder, JobLeaseHeld, job_run_directory
 
 logger = logging.getLogger(__name__)
 
-# KEYS: the lease key. ARGV: the value the caller expects there (or "" for none), the new value, the expiry (ms).
-# Sets the lease if it holds the expected value (or, with "", nothing); else returns what is there.
+# KEYS: the lease key. ARGV: the value the caller expects there, the new value, the expiry (ms). Sets the lease if
+# nobody holds it or it holds the expected value, and returns ""; else returns the holder's value.
 _SWAP_SCRIPT = """
 local current = redis.call('GET', KEYS[1])
-if (not current and ARGV[1] == '') or current == ARGV[1] then
+if (not current) or current == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return ''
 end
-return current or ''
+return current
 """
 # KEYS: the lease key. ARGV: this holder's value. Deletes the lease only if it is still this holder's.
 _RELEASE_SCRIPT = """
@@ -112,8 +112,6 @@ class RedisLease:
             await asyncio.sleep(self.ttl_ms / 3000)
             try:
                 current = await swap(keys=[self.key], args=[self.value, self.value, self.ttl_ms])
-                if current:  # not ours: expired, or taken by another holder?
-                    current = await swap(keys=[self.key], args=["", self.value, self.ttl_ms])
             except redis.RedisError as exc:  # Redis stalls or restarts: try again, the expiry allows it
                 logger.warning("cannot renew the job lease %s: %s", self.key, exc)
                 continue
