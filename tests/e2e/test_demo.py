@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -107,3 +108,31 @@ def test_a_dead_sidecar_stops_the_demo_and_is_named(tmp_path: Path) -> None:
     assert "a process failed: reorg-" in stderr and "exited with status -9" in stderr
     assert "last lines of" in stderr
     assert running_with(str(out)) == []
+
+
+def test_two_demos_at_once_on_one_machine_both_pass(tmp_path: Path) -> None:
+    """Two `knittrans demo` runs started together from one directory: each gets its own job id (printed at start),
+    so no store key, segment, socket or journal is shared, and the second writes to demo-out-<job> while the first
+    holds demo-out."""
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    runs = [subprocess.Popen(["knittrans", "demo", "--train-batches", "2"], cwd=tmp_path, env=environment,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outputs = [run.communicate(timeout=600) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+    jobs = []
+    for run, (stdout, stderr) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
+        job, out = re.search(r"^knittrans demo: job (\S+), writing to (\S+)$", stderr, re.MULTILINE).groups()
+        report = json.loads((Path(out) / "report.json").read_text())
+        assert report["job"] == job and report["checks"]["passed"], report["checks"]
+        assert report["checks"]["details"]["trained"] == report["checks"]["details"]["admitted"] == 64
+        assert list_segments(f"knittrans-{job}") == [] and not Path(f"/tmp/knittrans-{job}").exists()
+        jobs.append((job, Path(out)))
+    (first_job, first_out), (second_job, second_out) = jobs
+    assert first_job != second_job
+    assert {first_out, second_out} == {tmp_path / "demo-out", tmp_path / f"demo-out-{second_job}"} or \
+        {first_out, second_out} == {tmp_path / "demo-out", tmp_path / f"demo-out-{first_job}"}

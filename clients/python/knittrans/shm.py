@@ -16,6 +16,8 @@ import threading
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
+from knittrans.errors import InvalidArgument
+
 logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
@@ -25,8 +27,21 @@ MAX_NAME = 200
 
 
 def segment_prefix(job: str, owner: str) -> str:
-    """Every segment of one owner starts with this, so a restarted owner can find its predecessor's."""
-    return f"knittrans-{_UNSAFE.sub('_', job)}-{_UNSAFE.sub('_', owner)}-"[:MAX_NAME]
+    """Every segment of one owner starts with this, so a restarted owner can find its predecessor's.
+
+    ``@`` is in no job name or owner: the prefix of one (job, owner) is never a prefix of another's segments (with
+    ``-``, job ``a``'s prefix ``knittrans-a-backbone-dp0-cp0-`` began the segments of job ``a-backbone-dp0-cp0``).
+    """
+    prefix = f"knittrans-{_UNSAFE.sub('_', job)}@{_UNSAFE.sub('_', owner)}@"
+    if len(prefix) > MAX_NAME:
+        raise InvalidArgument(f"job and owner make a segment prefix longer than {MAX_NAME} characters", field="job")
+    return prefix
+
+
+def owner_lease_path(job: str, owner: str) -> Path:
+    """The lock file that holds an owner's segments (see knittrans.job.FileLease): next to them, so that it
+    guards exactly the shared memory the segments live in; it never starts with a segment prefix."""
+    return SHM_DIR / f"{segment_prefix(job, owner)[:-1]}.lease"
 
 
 # SharedMemory() registers the name with the tracker and _untrack() unregisters it; two threads attaching the same

@@ -22,7 +22,10 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     parser.add_argument("--state", choices=["memory", "redis"], help="admission state (default: memory)")
     parser.add_argument("--policy", help="admission policy: knittrans, linear, train-batch, stream, no-guard")
     parser.add_argument("--train-batches", type=int, help="train batches to run")
-    parser.add_argument("--out", help="output directory (default demo-out)")
+    parser.add_argument("--out", help="output directory (default demo-out, or demo-out-<job> while another run "
+                                      "uses demo-out)")
+    parser.add_argument("--job", help="job id: names the run's store keys, segments, sockets and journal "
+                                      "(default: a fresh demo-<random> per run)")
     parser.add_argument("--nodes", type=int, choices=[1, 3],
                         help="3: run on three network hosts (Linux network namespaces, root); implies --store mooncake")
     return _run
@@ -38,7 +41,8 @@ def _run(args: argparse.Namespace) -> int:
         path=args.config,
         env={},  # the demo's own settings come from its file and flags; KNITTRANS_* belong to the services
         flags={"store": args.store or ("mooncake" if several_nodes else None), "state": args.state,
-               "policy": args.policy, "train_batches": args.train_batches, "out": args.out, "nodes": args.nodes},
+               "policy": args.policy, "train_batches": args.train_batches, "out": args.out, "nodes": args.nodes,
+               "job": args.job},
     )
     if settings.nodes > 1:
         from knittrans.demo.stack.cluster import run_cluster_demo
@@ -71,7 +75,7 @@ def run_and_summarize(settings: DemoSettings, nodes: Sequence[Node] = ()) -> int
     except KeyboardInterrupt:
         print("\nknittrans demo: interrupted; every process was stopped", file=sys.stderr)
         return 130
-    out = Path(settings.out)
+    out = Path(report.out)
     checks = report.checks
     print(f"\nbytes read by the sidecars: {report.bytes_read:,}  needed by the plans: {report.bytes_needed:,}")
     for name in ("trained_exactly_once", "quotas_held", "bytes_match", "images_match", "loss_decreased"):

@@ -54,7 +54,7 @@ class RolloutWorkerSettings:
     worker_index: int = 0
     num_workers: int = 1
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    namespace: str = "demo"
+    namespace: str = ""  # the store keys' prefix; empty: the job's (keys are then the job's alone)
     job: str = "demo"
     concurrency: int = 4  # samples generating at once in this worker
     time_scale: float = 1.0  # multiplies every rollout duration
@@ -283,7 +283,7 @@ def run_rollout_worker(
         with AdmissionClient(settings.admission) as client:
             reporter = BatchingReporter(client)
             try:
-                rollout = RolloutClient(store, namespace=settings.namespace, reporter=reporter)
+                rollout = RolloutClient(store, namespace=settings.namespace or settings.job, reporter=reporter)
                 watch = _VersionWatch(client, settings.poll_seconds, settings.initial_version)
                 report = play_samples(
                     settings, rollout, lambda fresh: watch.current(fresh=fresh), stop=stop, on_submit=on_submit
@@ -310,7 +310,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-samples", type=int, required=True)
     parser.add_argument("--worker-index", type=int, default=0)
     parser.add_argument("--num-workers", type=int, default=1)
-    parser.add_argument("--namespace", default="demo")
+    parser.add_argument("--namespace", default="", help="store key prefix (default: the job)")
     parser.add_argument("--job", default="demo")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--rows-per-image", type=int, default=16)

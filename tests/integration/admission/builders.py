@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from knittrans.admission.engine import EngineConfig
 from knittrans.admission.service.settings import AdmissionServiceSettings
 from knittrans.serving.settings import AuthSettings, MetricsSettings, ServerSettings
@@ -48,7 +50,7 @@ def make_meta(
 
 def service_settings(
     *, train_batch_size: int = 8, num_minibatches: int = 2, state: str = "memory", store: str = "",
-    token: str = "", staleness_bound: int | None = None, topology: Topology = TOPOLOGY, job: str = "test",
+    token: str = "", staleness_bound: int | None = None, topology: Topology = TOPOLOGY, job: str = "",
 ) -> AdmissionServiceSettings:
     return AdmissionServiceSettings(
         engine=EngineConfig(
@@ -56,7 +58,7 @@ def service_settings(
             staleness_bound=staleness_bound,
         ),
         topology=topology,
-        job=job,
+        job=job or f"test-{uuid.uuid4().hex[:8]}",  # a job is held by one service: each test its own
         state=state,
         store=store,
         server=ServerSettings(port=0, auth=AuthSettings(token=token), metrics=MetricsSettings(port=0)),

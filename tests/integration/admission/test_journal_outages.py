@@ -31,10 +31,12 @@ RELAX_AFTER = 2.0
 
 
 def write_config(path: Path, redis_url: str, *, train_batch_size: int, num_minibatches: int,
-                 sources: dict[str, float] = SOURCES, on_starvation: str = "wait") -> Path:
+                 sources: dict[str, float] = SOURCES, on_starvation: str = "wait",
+                 lease_ttl_seconds: float = 20.0) -> Path:
     path.write_text(yaml.safe_dump({
         "job": JOB,
         "state": redis_url,
+        "lease_ttl_seconds": lease_ttl_seconds,
         "redis_timeout_seconds": REDIS_TIMEOUT,
         "mutation_wait_seconds": 2.0,
         "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches, "sources": sources,
@@ -199,7 +201,9 @@ def test_a_service_whose_journal_moved_on_applies_the_tail_and_never_writes_over
     """A second service process on the same journal (what a lost reply looks like to the first: records it did
     not apply). The first one's next change is refused by the fence: it applies the other's records, the call
     fails UNAVAILABLE, and the retry is decided over the whole journal, so no mini-batch is admitted twice."""
-    config = write_config(tmp_path / "admission.yaml", redis_server.url, train_batch_size=2000, num_minibatches=1000)
+    # A lease that the first service renews only long after this test: it must not find out it lost the job.
+    config = write_config(tmp_path / "admission.yaml", redis_server.url, train_batch_size=2000, num_minibatches=1000,
+                          lease_ttl_seconds=3600)
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
     first = ServiceProcess(config, tmp_path / "first")
@@ -207,6 +211,9 @@ def test_a_service_whose_journal_moved_on_applies_the_tail_and_never_writes_over
     try:
         with AdmissionClient(first.address) as client:
             client.report([make_meta(i, source="AB"[i % 2]) for i in range(2)])
+        # The job's lease keeps a second service off a live job; remove it, as if the first had stalled past its
+        # expiry, to see what keeps the journal whole when the lease cannot: the fence.
+        redis.Redis.from_url(redis_server.url).delete(f"knittrans:{JOB}:lease")
         second = ServiceProcess(config, tmp_path / "second")
         with AdmissionClient(second.address) as client:
             client.report([make_meta(i, source="AB"[i % 2]) for i in range(2, 4)])
@@ -229,6 +236,8 @@ def test_a_service_whose_journal_moved_on_applies_the_tail_and_never_writes_over
             admitted = assert_nothing_admitted_twice(redis_server.url, client, reported=6)
             assert sorted(admitted) == [f"t{i}" for i in range(6)]
         first.kill()
+        second.kill()  # the job's holder now: gone, so the restarted first service gets the job at once
+        second = None
         first = ServiceProcess(config, tmp_path / "first")
         with AdmissionClient(first.address) as client:
             assert assert_nothing_admitted_twice(redis_server.url, client, reported=6) == admitted

@@ -19,7 +19,7 @@ import yaml
 
 from knittrans.config import load_config
 from knittrans.demo.stack.namespaces import NamespaceCluster, Node, namespaces_unavailable
-from knittrans.demo.stack.settings import DemoSettings
+from knittrans.demo.stack.settings import DEFAULT_OUT, DemoSettings
 from knittrans.errors import FailedPrecondition
 
 NODES = 3
@@ -33,7 +33,8 @@ def run_cluster_demo(settings: DemoSettings, *, tag: str | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="knittrans-cluster-") as scratch, cluster:
         settings_path = Path(scratch) / "settings.yaml"
         values = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(settings).items()}
-        values["out"] = str(Path(settings.out).resolve())  # the driver runs from another directory
+        # The driver runs from another directory.
+        values["out"] = str(Path(settings.out or DEFAULT_OUT).resolve())
         settings_path.write_text(yaml.safe_dump(values))
         layout_path = Path(scratch) / "layout.json"
         layout_path.write_text(json.dumps([asdict(node) for node in cluster.nodes]))

@@ -54,10 +54,12 @@ class DemoReport:
     metrics_urls: tuple[str, ...]
     job: str
     settings: dict
+    out: str = ""  # the directory the run wrote to
 
     def to_json(self) -> str:
         data = {
             "job": self.job,
+            "out": self.out,
             "settings": self.settings,
             "steps": [asdict(row) for row in self.steps],
             "checks": {**asdict(self.checks), "passed": self.checks.passed},

@@ -40,10 +40,12 @@ from knittrans.demo.stack.report import (
     plot,
     read_jsonl,
 )
-from knittrans.demo.stack.settings import SOURCES, DemoSettings, StateKind, StoreKind
+from knittrans.demo.stack.settings import DEFAULT_OUT, SOURCES, DemoSettings, StateKind, StoreKind
+from knittrans.job import FileLease, JobLeaseHeld
 from knittrans.launch.mooncake import SHORT_LEASE_TTL_MS
 from knittrans.launch.ports import free_port
 from knittrans.reorg.settings import default_socket_path
+from knittrans.shm import remove_segments
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
@@ -56,6 +58,7 @@ ENCODER_COST_PER_MICROBATCH = 64
 DEMO_LEASE_TTL_MS = SHORT_LEASE_TTL_MS
 CLUSTER_SEGMENT_SIZE = 256 << 20  # each node's Mooncake segment in the multi-node layout
 STORE_EMPTY_TIMEOUT_SECONDS = 60.0
+OUT_LEASE = ".demo.lease"  # in the output directory: the run that writes there
 
 
 class Progress:
@@ -87,12 +90,13 @@ class Progress:
 class DemoStack:
     """The processes of one demo run, started in dependency order."""
 
-    def __init__(self, settings: DemoSettings, out: Path, progress: Progress, nodes: Sequence[Node] = ()) -> None:
+    def __init__(self, settings: DemoSettings, out: Path, progress: Progress, nodes: Sequence[Node] = (), *,
+                 job: str) -> None:
         self.settings = settings
         self.nodes = tuple(nodes)  # empty: everything on this machine, on loopback
         self.out = out
         self.progress = progress
-        self.job = f"{settings.job}-{uuid.uuid4().hex[:6]}"  # segments, sockets and store paths of this run only
+        self.job = job  # names the store keys, segments, sockets and journal of this run only
         self.group = ProcessGroup(out / "logs")
         self.python = sys.executable
         self.extras: list = []  # Redis / Mooncake handles
@@ -335,17 +339,53 @@ class DemoStack:
         for extra in reversed(self.extras):
             extra.stop()
         shutil.rmtree(f"/dev/shm/knittrans-{self.job}", ignore_errors=True)
+        remove_segments(f"knittrans-{self.job}@")  # what a killed sidecar of this run left (all are stopped now)
         shutil.rmtree(Path(default_socket_path(self.job, ConsumerId(role="backbone", dp_rank=0))).parent,
                       ignore_errors=True)
 
 
+def new_job_id() -> str:
+    return f"demo-{uuid.uuid4().hex[:8]}"
+
+
+def claim_out_directory(settings: DemoSettings, job: str) -> FileLease:
+    """Hold the output directory for this run: the one given (refused while another run writes there), else
+    demo-out, or demo-out-<job> while another run holds demo-out. Then empty it of an earlier run's files."""
+    candidates = [settings.out] if settings.out else [DEFAULT_OUT, f"{DEFAULT_OUT}-{job}"]
+    for index, candidate in enumerate(candidates):
+        # Absolute: every path below is handed to a child process, and some (redis-server) change directory first.
+        out = Path(candidate).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            lease = FileLease.claim(out / OUT_LEASE, what=f"the demo output directory {out}")
+        except JobLeaseHeld:
+            if index + 1 == len(candidates):
+                raise
+            continue
+        for entry in out.iterdir():
+            if entry.name == OUT_LEASE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        return lease
+    raise AssertionError("unreachable")
+
+
 def run_demo(settings: DemoSettings, nodes: Sequence[Node] = ()) -> DemoReport:
-    # Absolute: every path below is handed to a child process, and some (redis-server) change directory first.
-    out = Path(settings.out).resolve()
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    job = settings.job or new_job_id()
+    out_lease = claim_out_directory(settings, job)
+    try:
+        return _run_holding(settings, nodes, job, out_lease.path.parent)
+    finally:
+        out_lease.release()
+
+
+def _run_holding(settings: DemoSettings, nodes: Sequence[Node], job: str, out: Path) -> DemoReport:
+    print(f"knittrans demo: job {job}, writing to {out}", file=sys.stderr, flush=True)
     progress = Progress(sys.stderr)
-    stack = DemoStack(settings, out, progress, nodes)
+    stack = DemoStack(settings, out, progress, nodes, job=job)
     try:
         state = stack.start_backends()
         progress.show("starting the admission service")
@@ -382,7 +422,7 @@ def run_demo(settings: DemoSettings, nodes: Sequence[Node] = ()) -> DemoReport:
     if keys_left is not None:
         checks = replace(checks, details={**checks.details, "store_keys_after_release": keys_left})
     report = DemoReport(steps=tuple(rows), checks=checks, bytes_read=bytes_read, bytes_needed=bytes_needed,
-                        metrics_urls=tuple(stack.metrics_urls), job=stack.job,
+                        metrics_urls=tuple(stack.metrics_urls), job=stack.job, out=str(out),
                         settings={k: str(v) for k, v in asdict(settings).items()})
     (out / "report.json").write_text(report.to_json())
     plot(rows, out / "report.png")

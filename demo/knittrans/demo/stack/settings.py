@@ -7,9 +7,10 @@ from enum import StrEnum
 
 from knittrans.admission.engine import AdmissionPolicy
 from knittrans.errors import InvalidArgument
-from knittrans.types import check_id
+from knittrans.job import check_job
 
 SOURCES = ("math", "code", "chart", "agentic")  # the workload's four sources (knittrans.demo.workload)
+DEFAULT_OUT = "demo-out"
 
 
 class StoreKind(StrEnum):
@@ -24,8 +25,11 @@ class StateKind(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class DemoSettings:
-    job: str = "demo"
-    out: str = "demo-out"
+    # Empty: a fresh job id per run (demo-<random>), so runs at the same time never share a name. A given job is
+    # held by its run: a second run of it is refused while the first lives.
+    job: str = ""
+    # Empty: demo-out, or demo-out-<job> while another run holds demo-out. A given directory is held by its run.
+    out: str = ""
     store: StoreKind = StoreKind.FILE
     state: StateKind = StateKind.MEMORY
     policy: AdmissionPolicy = AdmissionPolicy.KNITTRANS
@@ -47,7 +51,8 @@ class DemoSettings:
     nodes: int = 1
 
     def __post_init__(self) -> None:
-        check_id(self.job, "job")
+        if self.job:
+            check_job(self.job)
         for name in ("dp", "cp", "encoder_dp", "group_size", "num_minibatches", "train_batches", "rollout_workers",
                      "rollout_concurrency"):
             if getattr(self, name) < 1:

@@ -15,6 +15,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry
 
 from knittrans.errors import InvalidArgument, NotFound
+from knittrans.job import FileLease
 from knittrans.plan.proto import plan_to_proto
 from knittrans.reorg.assignments import AssignmentSource
 from knittrans.reorg.metrics import ReorgMetrics
@@ -23,6 +24,7 @@ from knittrans.reorg.settings import ReorgSettings
 from knittrans.reorg.sidecar import Sidecar, incarnation_tag, new_incarnation
 from knittrans.serving.server import RunningServer, start_server
 from knittrans.serving.settings import ServerSettings
+from knittrans.shm import owner_lease_path
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.types import ConsumerId, Topology
@@ -146,6 +148,7 @@ class RunningReorg:
     _store: UnitStore
     _source: AssignmentSource
     _close_store: bool
+    _lease: FileLease
 
     @property
     def address(self) -> str:
@@ -169,6 +172,7 @@ class RunningReorg:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
+        self._lease.release()
         try:
             os.rmdir(os.path.dirname(self.socket_path))  # only if no other sidecar's socket is in it
         except OSError:
@@ -186,22 +190,36 @@ async def start_reorg(
     """Register with the source, clean up after a crashed predecessor, and start the pipeline and endpoint."""
     registry = registry or CollectorRegistry()
     consumer = settings.consumer
-    registration = await source.register()
+    # Before anything of the owner's is touched: the ring removes a predecessor's segments and the socket is
+    # replaced, which is right only once the lock proves that predecessor gone (a live one refuses this claim).
+    # Before registering too, where the job is known: a refused sidecar never speaks for the holder's consumer.
+    lease = _claim(settings) if settings.job else None
+    try:
+        registration = await source.register()
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
     job = registration.job or settings.job
     if not settings.job:  # the segments and the default socket are named after the admission service's job
         settings = replace(settings, job=job or "default")
+        lease = _claim(settings)
     metrics = ReorgMetrics(registry, role=consumer.role)
     incarnation = new_incarnation()
-    ring: SharedMemoryRing[MicroBatchDescriptor] = SharedMemoryRing(
-        slots=settings.ring.slots,
-        tp=_tp_of(registration.topology, consumer),
-        prefix=settings.segment_prefix,
-        tag=incarnation_tag(incarnation),
-        initial_slot_bytes=settings.ring.initial_slot_bytes,
-        on_segment_created=store.register_buffer,
-        on_segment_removed=store.unregister_buffer,
-        on_change=lambda: metrics.slots_occupied.set(ring.occupied),
-    )
+    try:
+        ring: SharedMemoryRing[MicroBatchDescriptor] = SharedMemoryRing(
+            slots=settings.ring.slots,
+            tp=_tp_of(registration.topology, consumer),
+            prefix=settings.segment_prefix,
+            tag=incarnation_tag(incarnation),
+            initial_slot_bytes=settings.ring.initial_slot_bytes,
+            on_segment_created=store.register_buffer,
+            on_segment_removed=store.unregister_buffer,
+            on_change=lambda: metrics.slots_occupied.set(ring.occupied),
+        )
+    except BaseException:
+        lease.release()
+        raise
     sidecar = Sidecar(
         consumer=consumer, registration=registration, source=source, store=store, ring=ring,
         pack=settings.packing, metrics=metrics, incarnation=incarnation,
@@ -223,13 +241,19 @@ async def start_reorg(
         server = await start_server(server_settings, add_services=add_services, registry=registry)
     except BaseException:
         await ring.close()
+        lease.release()
         raise
     os.chmod(socket_path, 0o600)
     pipeline = asyncio.create_task(_run_logged(sidecar), name=f"reorg-{consumer}")
     logger.info("reorg sidecar %s serving %s (tp=%d, %d slots, incarnation %s)", consumer, server.address,
                 sidecar.tp, ring.slots, sidecar.incarnation)
     return RunningReorg(sidecar=sidecar, server=server, socket_path=socket_path, pipeline=pipeline, _store=store,
-                        _source=source, _close_store=close_store)
+                        _source=source, _close_store=close_store, _lease=lease)
+
+
+def _claim(settings: ReorgSettings) -> FileLease:
+    return FileLease.claim(owner_lease_path(settings.job, settings.owner_name),
+                           what=f"sidecar {settings.consumer} of job {settings.job!r}")
 
 
 async def _run_logged(sidecar: Sidecar) -> None:

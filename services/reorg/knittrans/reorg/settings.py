@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from knittrans.client.connection import ClientTlsSettings, ConnectionSettings
 from knittrans.errors import InvalidArgument
+from knittrans.job import check_job, job_run_directory
 from knittrans.reorg.packing import PackSettings
 from knittrans.serving.settings import ServerSettings
 from knittrans.shm import segment_prefix
-from knittrans.types import ConsumerId, check_id
+from knittrans.types import ConsumerId
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
-SOCKET_ROOT = Path("/tmp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +87,7 @@ class ReorgSettings:
 
     def __post_init__(self) -> None:
         if self.job:
-            check_id(self.job, "job")
+            check_job(self.job)
         self.consumer  # noqa: B018 (validates role and ranks)
         if not self.store:
             raise InvalidArgument("must name the unit store, e.g. file:///dev/shm/knittrans-job", field="store")
@@ -120,4 +119,4 @@ class ReorgSettings:
 def default_socket_path(job: str, consumer: ConsumerId) -> str:
     """``/tmp/knittrans-<job>/reorg-<role>-dp<d>-cp<c>.sock``: what a trainer on the same node dials."""
     owner = f"{_UNSAFE.sub('_', consumer.role)}-dp{consumer.dp_rank}-cp{consumer.cp_rank}"
-    return str(SOCKET_ROOT / f"knittrans-{_UNSAFE.sub('_', job)}" / f"reorg-{owner}.sock")
+    return str(job_run_directory(job) / f"reorg-{owner}.sock")

@@ -10,6 +10,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry
 
+from knittrans.admission.service.job_lease import HeldJob, claim_job
 from knittrans.admission.service.journal import Journal, open_journal
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
 from knittrans.admission.service.metrics import AdmissionMetrics
@@ -35,6 +36,7 @@ class AdmissionService:
     server: RunningServer
     journal: Journal
     store: UnitStore | None
+    held_job: HeldJob
 
     @property
     def address(self) -> str:
@@ -46,6 +48,7 @@ class AdmissionService:
         await self.journal.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+        await self.held_job.release()
 
 
 def tune_garbage_collector() -> None:
@@ -70,6 +73,18 @@ def delete_and_wait(store: UnitStore, keys: list[str]) -> None:
 
 
 async def start_admission_service(settings: AdmissionServiceSettings) -> AdmissionService:
+    # First: the journal and the store are the job's, and only the job's holder may change them.
+    held_job = await claim_job(settings.state, job=settings.job, ttl_seconds=settings.lease_ttl_seconds,
+                               timeout_seconds=settings.redis_timeout_seconds)
+    held_job.start()  # renewed from now on: recovering a long journal may take longer than the lease's expiry
+    try:
+        return await _start_holding(settings, held_job)
+    except BaseException:
+        await held_job.release()
+        raise
+
+
+async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) -> AdmissionService:
     registry = CollectorRegistry()
     ledger = AdmissionLedger(
         LedgerSettings(
@@ -102,4 +117,5 @@ async def start_admission_service(settings: AdmissionServiceSettings) -> Admissi
 
     server = await start_server(settings.server, add_services=add_services, registry=registry)
     servicer.start_background()
-    return AdmissionService(settings=settings, servicer=servicer, server=server, journal=journal, store=store)
+    return AdmissionService(settings=settings, servicer=servicer, server=server, journal=journal, store=store,
+                            held_job=held_job)

@@ -24,7 +24,8 @@ def register(parser: argparse.ArgumentParser):
     parser.add_argument("--metrics-port", type=int, help="Prometheus /metrics port, 0 for any (server.metrics.port)")
     parser.add_argument("--state", help="memory, or a redis:// URL for the journaled state")
     parser.add_argument("--store", help="unit store to delete released units from, e.g. file:///dev/shm/knittrans-job")
-    parser.add_argument("--job", help="job name (prefixes journal keys and store paths)")
+    parser.add_argument("--job", help="job name: names its journal, store paths and run directory; one service "
+                                      "holds a job at a time")
     parser.add_argument("--ready-file", type=Path, help="write {address, metrics_port} as JSON here once serving")
     return run
 
@@ -56,9 +57,16 @@ def run(args: argparse.Namespace) -> int:
             temporary = args.ready_file.with_suffix(".tmp")
             temporary.write_text(json.dumps(ready))
             temporary.replace(args.ready_file)
-        await stop.wait()
+        stopping = asyncio.create_task(stop.wait())
+        lost = asyncio.create_task(service.held_job.lost.wait())
+        await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        lost.cancel()
         logger.info("shutting down")
         await service.stop()
+        if service.held_job.lost.is_set():
+            logger.error("%s", service.held_job.lost_error())
+            return 1
         return 0
 
     return run_until_signalled(main)

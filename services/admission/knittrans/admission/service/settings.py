@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from knittrans.admission.engine import EngineConfig
 from knittrans.errors import InvalidArgument
+from knittrans.job import check_job
 from knittrans.serving.settings import ServerSettings
-from knittrans.types import Topology, check_id
+from knittrans.types import Topology
 
 DEFAULT_PORT = 50051
 
@@ -18,7 +19,9 @@ class AdmissionServiceSettings:
     from (``file:///dev/shm/knittrans-<job>``, ``mooncake://...``); empty means nothing is deleted.
     ``redis_timeout_seconds`` bounds one Redis command: past it, a journal write's outcome is unknown and changes
     wait until the journal's tail is read. ``mutation_wait_seconds`` is how long a mutating call waits for its
-    turn (during such a wait, or behind other calls) before it fails UNAVAILABLE."""
+    turn (during such a wait, or behind other calls) before it fails UNAVAILABLE. ``lease_ttl_seconds`` is how long
+    the job's lease in Redis outlives its last renewal: a service of the job that died on another machine is
+    replaced at most this long after (see job_lease)."""
 
     engine: EngineConfig
     topology: Topology
@@ -31,17 +34,18 @@ class AdmissionServiceSettings:
     delete_batch_size: int = 1024
     redis_timeout_seconds: float = 10.0
     mutation_wait_seconds: float = 10.0
+    lease_ttl_seconds: float = 20.0
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
 
     def __post_init__(self) -> None:
-        check_id(self.job, "job")
+        check_job(self.job)
         if self.initial_version < 0:
             raise InvalidArgument("must not be negative", field="initial_version")
         if not 1 <= self.max_report_batch <= 100_000:
             raise InvalidArgument("must be in [1, 100000]", field="max_report_batch")
         if self.delete_batch_size < 1:
             raise InvalidArgument("must be positive", field="delete_batch_size")
-        for name in ("redis_timeout_seconds", "mutation_wait_seconds"):
+        for name in ("redis_timeout_seconds", "mutation_wait_seconds", "lease_ttl_seconds"):
             if not 0 < getattr(self, name) <= 3600:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)
         if not self.label_fields:
