@@ -4,8 +4,11 @@ The baseline revision is checked out into a temporary git worktree; each round r
 baseline and once at the working tree (the order alternates between rounds, so a drift in the machine's load
 hits both arms alike). Both arms use this venv; each arm's sources come first on PYTHONPATH, so each imports
 its own code. Every round's JSON is kept; the summary takes each numeric figure's median over the rounds.
+``--script head`` runs the working tree's benchmark script in both arms (each arm still imports its own code),
+for a benchmark mode the baseline's script does not have yet.
 
     python benchmarks/ab.py --base 51f23d1 --benchmark admission_service --rounds 3 -- --quick
+    python benchmarks/ab.py --base e40758e --benchmark admission_service --script head -- --scale-quick
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ SOURCE_ROOTS = ("clients/python", "services/common", "services/admission", "serv
 logger = logging.getLogger("ab")
 
 
-def run_arm(tree: Path, benchmark: str, arguments: Sequence[str]) -> dict[str, Any]:
+def run_arm(tree: Path, benchmark: str, arguments: Sequence[str], script_tree: Path | None = None) -> dict[str, Any]:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(str(tree / root) for root in SOURCE_ROOTS)
-    script = tree / "benchmarks" / f"{benchmark}.py"
+    script = (script_tree or tree) / "benchmarks" / f"{benchmark}.py"
     result = subprocess.run([sys.executable, str(script), *arguments], cwd=tree, env=environment,
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -75,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", required=True, help="the baseline revision (a commit, tag or branch)")
     parser.add_argument("--benchmark", required=True, help="a benchmark of benchmarks/, without .py")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs both arms once (default 3)")
+    parser.add_argument("--script", choices=("each", "head"), default="each",
+                        help="whose benchmark script each arm runs: its own (default) or the working tree's")
     parser.add_argument("arguments", nargs="*", help="arguments for the benchmark (after --)")
     options = parser.parse_args(argv)
     if options.rounds < 1:
@@ -89,10 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = [("base", base_tree), ("head", ROOT)]
                 for arm, tree in order if number % 2 == 0 else reversed(order):
                     logger.info("round %d/%d: %s", number + 1, options.rounds, arm)
-                    rounds[arm].append(run_arm(tree, options.benchmark, options.arguments))
+                    script_tree = ROOT if options.script == "head" else None
+                    rounds[arm].append(run_arm(tree, options.benchmark, options.arguments, script_tree))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False)
     print(json.dumps({"benchmark": options.benchmark, "base": options.base, "rounds": options.rounds,
+                      "script": options.script,
                       "arguments": options.arguments, "medians": summarise(rounds), "runs": rounds}, indent=1))
     return 0
 

@@ -10,7 +10,12 @@ backbone consumer's stream, in both report forms, after one untimed round.
 
 Targets (issue 6, on 2 cores): >= 50k reports/s in memory, >= 20k reports/s with Redis, p99 <= 10 ms.
 
-    python benchmarks/admission_service.py [--quick]
+``--scale`` measures instead the latency to the last of many consumers and the bytes sent per mini-batch, for
+64/512/4,096 trajectories per mini-batch × 5/80/320 assignment streams (see admission_scale.py; issue 16
+targets: <= 200 ms at 4,096 / 320, <= 40 ms at 512 / 320, <= 12 MB per mini-batch at 4,096 / 320).
+``--scale-quick`` is the same grid with 2 timed rounds per cell.
+
+    python benchmarks/admission_service.py [--quick | --scale [--scale-quick] [--rounds N]]
 """
 
 from __future__ import annotations
@@ -254,7 +259,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200, help="latency samples")
     parser.add_argument("--minibatch", type=int, default=64, help="trajectories per mini-batch in the latency run")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--scale", action="store_true", help="latency to the last of many consumers, and bytes")
+    parser.add_argument("--scale-quick", action="store_true", help="--scale with 2 timed rounds per cell")
+    parser.add_argument("--trajectories", type=int, nargs="+", default=None, help="--scale: mini-batch sizes")
+    parser.add_argument("--streams", type=int, nargs="+", default=None, help="--scale: stream counts (5, 80, 320)")
     args = parser.parse_args()
+    if args.scale or args.scale_quick:
+        from admission_scale import STREAMS, TRAJECTORIES, run_scale
+
+        rounds = 2 if args.scale_quick else (args.rounds if args.rounds != 200 else 24)
+        with tempfile.TemporaryDirectory(prefix="knittrans-bench-") as tmp:
+            result = run_scale(Path(tmp), rounds=rounds, trajectories=tuple(args.trajectories or TRAJECTORIES),
+                               streams=tuple(args.streams or STREAMS))
+        print(json.dumps(result, indent=2))
+        return
     if args.quick:
         args.rpcs, args.rounds = 8, 40
     with tempfile.TemporaryDirectory(prefix="knittrans-bench-") as tmp:

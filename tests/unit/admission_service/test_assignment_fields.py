@@ -114,3 +114,32 @@ def test_built_assignments_equal_the_plan_s(topology: str, labels: tuple[str, ..
 def test_built_assignments_equal_the_plan_s_for_any_lengths(lengths, images, group, topology) -> None:
     metas = [meta(i, length, images, group) for i, length in enumerate(lengths)]
     check_equal(metas, TOPOLOGIES[topology], ("input_ids",))
+
+
+@given(lengths=st.lists(st.integers(min_value=2, max_value=300), min_size=1, max_size=16),
+       images=st.integers(min_value=0, max_value=4), topology=st.sampled_from(sorted(TOPOLOGIES)),
+       data=st.data())
+@settings(max_examples=30, deadline=None)
+def test_shared_views_give_each_consumer_what_an_independent_build_gives(lengths, images, topology, data) -> None:
+    """One dispatch per mini-batch serves every consumer from views built once (and dropped once every planned
+    consumer had its part): in any consumer order, with repeats (a reconnecting stream) and two mini-batches
+    interleaved, each part equals a build from a fresh dispatch of its own and the plan's ``for_consumer``."""
+    topo = TOPOLOGIES[topology]
+    minibatches = [[meta(i, length, images, group=2) for i, length in enumerate(lengths)],
+                   [meta(100 + i, length + 7, images, group=3) for i, length in enumerate(reversed(lengths))]]
+    plans = [plan_minibatch(metas, topo, label_fields=("input_ids",)) for metas in minibatches]
+    consumers = list(plans[0].consumers())
+    shared = [MiniBatchDispatch(gather_rows([(TrajectoryColumns.from_proto(batch_from_metas(metas)), i)
+                                             for i in range(len(metas))]), topo, ("input_ids",))
+              for metas in minibatches]
+    # Every consumer of each mini-batch once, in a shuffled interleaving, then some again.
+    order = data.draw(st.permutations([(b, c) for b in range(2) for c in range(len(consumers))]))
+    order += data.draw(st.lists(st.tuples(st.integers(0, 1), st.integers(0, len(consumers) - 1)), max_size=6))
+    for b, c in order:
+        consumer = consumers[c]
+        built = shared[b].assignment(consumer)
+        metas = minibatches[b]
+        columns = TrajectoryColumns.from_messages([trajectory_to_proto(m) for m in metas])
+        alone = MiniBatchDispatch(gather_rows([(columns, i) for i in range(len(metas))]), topo, ("input_ids",))
+        assert built == alone.assignment(consumer), (b, consumer)
+        assert built == assignment_to_proto(plans[b].for_consumer(consumer)), (b, consumer)

@@ -151,27 +151,31 @@ def _row_bytes(headers: HeaderColumns) -> np.ndarray:
     return row
 
 
-class _Lists:
-    """The plan's arrays as Python lists, for one consumer's build (indexing numpy one value at a time is slow;
-    they are not kept, so a mini-batch waiting for its consumers holds no containers for the collector)."""
+class _Views:
+    """The plan's arrays as Python tuples and the indices every consumer's build reads, made once per mini-batch
+    (indexing numpy one value at a time is slow, and converting the whole plan for each consumer made dispatch
+    O(consumers × trajectories)). Tuples of numbers, which the collector stops tracking; the dispatch drops them
+    once every planned consumer had its assignment built (a later build, e.g. for a reconnecting stream, makes
+    them again)."""
 
     def __init__(self, layout: PlanLayout, rows: MiniBatchRows, topology: Topology, label_fields: frozenset[str]):
         b = layout.backbone
         route = layout.route
-        self.route = {name: getattr(route, name).tolist() for name in
+        self.route = {name: tuple(getattr(route, name).tolist()) for name in
                       ("encodings", "references", "dp_ranks", "cp_ranks", "tp_ranks", "microbatches", "starts", "ends")}
-        self.reference_trajectories = rows.references.trajectories.tolist()
-        self.reference_starts = rows.references.starts.tolist()
+        self.reference_trajectories = tuple(rows.references.trajectories.tolist())
+        self.reference_starts = tuple(rows.references.starts.tolist())
         self.source = AssignmentSource(
             cp=topology.backbone.cp,
             label_fields=label_fields,
             microbatches_per_rank=b.microbatches_per_rank,
-            microbatch_offsets=b.microbatch_offsets.tolist(),
-            microbatch_items=b.microbatch_items.tolist(),
-            microbatch_loss_tokens=b.microbatch_loss_tokens.tolist(),
-            num_tokens=rows.num_tokens.tolist(),
-            padded_tokens=b.padded_tokens.tolist(),
-            cp_spans=b.cp_spans.tolist(),
+            microbatch_offsets=tuple(b.microbatch_offsets.tolist()),
+            microbatch_items=tuple(b.microbatch_items.tolist()),
+            microbatch_loss_tokens=tuple(b.microbatch_loss_tokens.tolist()),
+            num_tokens=tuple(rows.num_tokens.tolist()),
+            padded_tokens=tuple(b.padded_tokens.tolist()),
+            cp_spans=tuple(tuple(tuple(tuple(chunk) for chunk in rank) for rank in spans)
+                           for spans in b.cp_spans.tolist()),
             unit_offsets=rows.unit_offsets,
             unit_reads=rows.unit_reads,
             unit_field_names=rows.unit_field_names,
@@ -180,6 +184,17 @@ class _Lists:
             reference_trajectories=self.reference_trajectories,
             reference_starts=self.reference_starts,
         )
+        # Encoders: each encoding's first reference, and its rows of the route (sorted by encoding).
+        table = layout.encodings
+        first_of_trajectory = np.searchsorted(rows.references.trajectories, table.source_trajectory, side="left")
+        self.encoding_sources = tuple((first_of_trajectory + table.source_reference).tolist())
+        self.encoding_route_bounds = tuple(np.searchsorted(route.encodings, np.arange(len(table) + 1)).tolist())
+        # Per encoder: its micro-batches per rank, their offsets into its encodings, and those encodings.
+        self.encoders = {
+            plan.name: (plan.microbatches_per_rank, tuple(plan.microbatch_offsets.tolist()),
+                        tuple(plan.microbatch_encodings.tolist()))
+            for plan in layout.encoders
+        }
 
 
 class MiniBatchDispatch:
@@ -195,6 +210,9 @@ class MiniBatchDispatch:
             rows.trajectory_ids, rows.num_tokens, rows.loss_tokens, rows.references, topology,
             balance_target=balance_target,
         )
+        self._views: _Views | None = None
+        self._built: set[ConsumerId] = set()  # consumers built from the current views
+        self._planned = topology.backbone.dp * topology.backbone.cp + sum(e.dp for e in topology.encoders)
 
     @property
     def minibatch_loss_tokens(self) -> int:
@@ -205,7 +223,9 @@ class MiniBatchDispatch:
 
     def assignment_fields(self, consumer: ConsumerId) -> dict:
         """``ConsumerAssignment`` constructor fields: what ``plan.for_consumer(consumer).to_proto()`` holds."""
-        lists = _Lists(self.layout, self.rows, self.topology, self.label_fields)
+        lists = self._views
+        if lists is None:
+            lists = self._views = _Views(self.layout, self.rows, self.topology, self.label_fields)
         fields = {
             "consumer": {"role": consumer.role, "dp_rank": consumer.dp_rank, "cp_rank": consumer.cp_rank},
             "minibatch_loss_tokens": self.minibatch_loss_tokens,
@@ -216,11 +236,15 @@ class MiniBatchDispatch:
             fields["microbatches"] = self._backbone_microbatches(lists, consumer.dp_rank, consumer.cp_rank)
         else:
             fields["encoder_microbatches"] = self._encoder_microbatches(lists, name, consumer.dp_rank)
+        self._built.add(consumer)
+        if len(self._built) >= self._planned:  # every consumer has its part: the views are not needed any more
+            self._views = None
+            self._built = set()
         return fields
 
     # ---- backbone ------------------------------------------------------------------------------------------
 
-    def _backbone_microbatches(self, lists: _Lists, dp_rank: int, cp_rank: int) -> list[dict]:
+    def _backbone_microbatches(self, lists: _Views, dp_rank: int, cp_rank: int) -> list[dict]:
         return [
             {"index": mb.microbatch_index, "last": mb.last, "num_loss_tokens": mb.num_loss_tokens,
              "items": [self._item(item) for item in mb.items]}
@@ -266,15 +290,9 @@ class MiniBatchDispatch:
 
     # ---- encoders ------------------------------------------------------------------------------------------
 
-    def _encoder_microbatches(self, lists: _Lists, name: str, dp_rank: int) -> list[dict]:
-        plan = next(p for p in self.layout.encoders if p.name == name)
-        per_rank = plan.microbatches_per_rank
-        offsets = plan.microbatch_offsets.tolist()
-        encodings = plan.microbatch_encodings.tolist()
-        table = self.layout.encodings
-        first_of_trajectory = np.searchsorted(self.rows.references.trajectories, table.source_trajectory, side="left")
-        sources = (first_of_trajectory + table.source_reference).tolist()
-        bounds = np.searchsorted(self.layout.route.encodings, np.arange(len(table) + 1)).tolist()
+    def _encoder_microbatches(self, lists: _Views, name: str, dp_rank: int) -> list[dict]:
+        per_rank, offsets, encodings = lists.encoders[name]
+        sources, bounds = lists.encoding_sources, lists.encoding_route_bounds
         return [
             {
                 "index": j,
@@ -286,7 +304,7 @@ class MiniBatchDispatch:
             for j, g in ((j, dp_rank * per_rank + j) for j in range(per_rank))
         ]
 
-    def _encoding(self, lists: _Lists, e: int, r: int, bounds: list[int]) -> dict:
+    def _encoding(self, lists: _Views, e: int, r: int, bounds: Sequence[int]) -> dict:
         """Encoding e, whose first reference is r."""
         rows = self.rows
         refs = rows.references
@@ -306,7 +324,7 @@ class MiniBatchDispatch:
             fields["header"] = ref.header
         return fields
 
-    def _routes(self, lists: _Lists, e: int, bounds: list[int]) -> list[dict]:
+    def _routes(self, lists: _Views, e: int, bounds: Sequence[int]) -> list[dict]:
         route = lists.route
         trajectories = lists.reference_trajectories
         starts = lists.reference_starts

@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from grpc import aio
 
@@ -90,6 +91,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._deletions_done = asyncio.Condition()  # notified whenever deleted units were journaled
         self._background: list[asyncio.Task] = []
         self._wake = WakeTimer(self._timed_admission, clock=clock)  # timed decisions, e.g. relax_after
+        # Consumers' assignments are built here, one at a time, off the event loop: the report that admitted a
+        # mini-batch (journaled already) is answered while they are built, and each stream sends its part as
+        # soon as it is ready. One thread, so a mini-batch's shared views are never built twice at once.
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="assignments")
         self._last_admission_at: float | None = None
         self._failure: str = ""
         self._closed = False
@@ -124,6 +129,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        self._builder.shutdown(wait=False, cancel_futures=True)
         async with self._published:
             self._published.notify_all()
         async with self._verdicts:
@@ -170,8 +176,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         if applied.admitted is not None:
             async with self._published:
                 self._published.notify_all()
-            # Let the woken assignment streams build and send before this call goes on (its metrics, its next
-            # decision, its response): report-to-assignment latency is what the consumers wait on.
+            # Let the woken assignment streams queue their builds before this call goes on (its metrics, its next
+            # decision, its response); they are built off the loop, so the response does not wait for them.
             await asyncio.sleep(0)
             self._on_admitted(applied.admitted, at)
         if applied.dropped:
@@ -305,12 +311,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 if self._closed:
                     return
                 pending = self._ledger.pending_after(after)
-            for minibatch in pending:
-                yield self._assignment(minibatch, consumer)
+            for minibatch in pending:  # in sequence order: the next is built once this one is sent
+                yield await self._assignment(minibatch, consumer)
                 after = minibatch.sequence
 
-    def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
-        return assignment_response(minibatch, self._ledger.dispatch(minibatch), consumer)
+    async def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
+        dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
+        # The build reads only the dispatch (its own copy of the metadata) and the journaled admission.
+        built = self._builder.submit(assignment_response, minibatch, dispatch, consumer)
+        return await asyncio.wrap_future(built)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
         consumer = _consumer(request.consumer, "consumer")
