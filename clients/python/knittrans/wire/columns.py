@@ -18,9 +18,7 @@ all follow that table, so a new field of that sort is one entry there (plus the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from operator import attrgetter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,37 +31,6 @@ from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, read_plain_fields
 
 _HEADER_COLUMNS = ("dtypes", "ranks", "shape", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes",
                    "chunk_tokens")
-
-
-@dataclass(frozen=True)
-class _Reading:
-    """How to read one source form (messages or domain objects): the rest is the same for both."""
-
-    kind_number: Callable[[Any], int]
-    alignment_number: Callable[[Any], int]
-    dtype_number: Callable[[Any], int]
-    header: Callable[[Any], Any]  # a unit's or reference's header; None when it has none
-    seq_axis: Callable[[Any], int | None]
-    scalars: Callable[[Any], Iterable[tuple[str, float]]]
-
-
-# Messages carry proto numbers already (unknown ones included: the service's checks name them).
-_MESSAGES = _Reading(
-    kind_number=int,
-    alignment_number=int,
-    dtype_number=int,
-    header=lambda part: part.header if part.HasField("header") else None,
-    seq_axis=lambda header: header.seq_axis if header.HasField("seq_axis") else None,
-    scalars=lambda message: message.scalars.items(),
-)
-_METAS = _Reading(
-    kind_number=UNIT_KIND_TO_PROTO.__getitem__,
-    alignment_number=ALIGNMENT_TO_PROTO.__getitem__,
-    dtype_number=DTYPE_TO_PROTO.__getitem__,
-    header=attrgetter("header"),
-    seq_axis=attrgetter("seq_axis"),
-    scalars=attrgetter("scalars"),
-)
 
 
 class HeaderLists:
@@ -79,12 +46,15 @@ class HeaderLists:
         self.content_hashes: list[str] = []
         self.chunk_tokens: list[int] = []
 
-    def add(self, header: Any, reading: _Reading) -> None:
+    def add(self, header: Any, *, from_message: bool) -> None:
         shape = header.shape
-        self.dtypes.append(reading.dtype_number(header.dtype))
+        if from_message:  # proto numbers already (unknown ones included: the service's checks name them)
+            dtype, seq_axis = header.dtype, header.seq_axis if header.HasField("seq_axis") else None
+        else:
+            dtype, seq_axis = DTYPE_TO_PROTO[header.dtype], header.seq_axis
+        self.dtypes.append(dtype)
         self.ranks.append(len(shape))
         self.shape.extend(shape)
-        seq_axis = reading.seq_axis(header)
         self.has_seq_axis.append(seq_axis is not None)
         self.seq_axes.append(seq_axis or 0)
         self.byte_lengths.append(header.byte_length)
@@ -132,58 +102,78 @@ class ColumnLists:
         self.scalar_names: list[str] = []
         self.scalar_values: list[float] = []
 
-    def add_message(self, message: trajectory_pb2.TrajectoryMetadata) -> None:
-        self._add(message, _MESSAGES)
+    def add_messages(self, messages: Iterable[trajectory_pb2.TrajectoryMetadata]) -> None:
+        self._extend(messages, from_message=True)
 
-    def add_meta(self, meta: TrajectoryMeta) -> None:
-        self._add(meta, _METAS)
+    def add_metas(self, metas: Iterable[TrajectoryMeta]) -> None:
+        self._extend(metas, from_message=False)
 
-    def _add(self, t: Any, reading: _Reading) -> None:
-        """The one appender: messages and domain objects have the same attribute names; ``reading`` bridges
-        the rest (enums as proto numbers, header presence, the scalars' container)."""
-        self.plain_rows.append(read_plain_fields(t))
-        segments = t.segments
-        self.segment_counts.append(len(segments))
-        for segment in segments:
-            self.segment_versions.append(segment.version)
-            self.segment_tokens.append(segment.num_tokens)
-        units = t.units
-        self.unit_counts.append(len(units))
-        names = self.field_names
-        kind_number, alignment_number, header_of = reading.kind_number, reading.alignment_number, reading.header
-        for unit in units:
-            self.unit_keys.append(unit.key)
-            self.unit_fields.append(names.setdefault(unit.field_name, len(names)))
-            self.unit_kinds.append(kind_number(unit.kind))
-            self.unit_alignments.append(alignment_number(unit.alignment))
-            header = header_of(unit)
-            if header is not None:
-                self.unit_has_header.append(True)
-                self.unit_headers.add(header, reading)
-            else:
-                self.unit_has_header.append(False)
-                self.unit_headers.add_missing()
-        multimodal = t.multimodal
-        self.multimodal_counts.append(len(multimodal))
-        encoders = self.encoders
-        for ref in multimodal:
-            self.multimodal_keys.append(ref.key)
-            self.multimodal_encoders.append(encoders.setdefault(ref.encoder, len(encoders)))
-            self.multimodal_costs.append(ref.cost)
-            span = ref.placeholder
-            self.placeholder_starts.append(span.start)
-            self.placeholder_ends.append(span.end)
-            self.multimodal_kinds.append(kind_number(ref.kind))
-            header = header_of(ref)
-            self.multimodal_has_header.append(header is not None)
-            if header is not None:
-                self.multimodal_headers.add(header, reading)
-        scalars = reading.scalars(t)
-        count = len(self.scalar_names)
-        for name, value in scalars:
-            self.scalar_names.append(name)
-            self.scalar_values.append(value)
-        self.scalar_counts.append(len(self.scalar_names) - count)
+    def _extend(self, trajectories: Iterable[Any], *, from_message: bool) -> None:
+        """The one appender: messages and domain objects have the same attribute names; ``from_message`` bridges
+        the rest (enums as proto numbers, header presence, the scalars' container). The service reads reports of
+        messages through it, so the list methods are looked up once per call, not once per trajectory."""
+        plain_rows = self.plain_rows.append
+        segment_counts, segment_versions = self.segment_counts.append, self.segment_versions.append
+        segment_tokens = self.segment_tokens.append
+        unit_counts, unit_keys, unit_fields = self.unit_counts.append, self.unit_keys.append, self.unit_fields.append
+        unit_kinds, unit_alignments = self.unit_kinds.append, self.unit_alignments.append
+        unit_has_header, add_unit_header = self.unit_has_header.append, self.unit_headers.add
+        multimodal_counts, multimodal_keys = self.multimodal_counts.append, self.multimodal_keys.append
+        multimodal_encoders, multimodal_costs = self.multimodal_encoders.append, self.multimodal_costs.append
+        placeholder_starts, placeholder_ends = self.placeholder_starts.append, self.placeholder_ends.append
+        multimodal_kinds, multimodal_has_header = self.multimodal_kinds.append, self.multimodal_has_header.append
+        add_multimodal_header = self.multimodal_headers.add
+        scalar_counts, scalar_names, scalar_values = (self.scalar_counts.append, self.scalar_names.append,
+                                                      self.scalar_values.append)
+        names, encoders = self.field_names, self.encoders
+        for t in trajectories:
+            plain_rows(read_plain_fields(t))
+            segments = t.segments
+            segment_counts(len(segments))
+            for segment in segments:
+                segment_versions(segment.version)
+                segment_tokens(segment.num_tokens)
+            units = t.units
+            unit_counts(len(units))
+            for unit in units:
+                unit_keys(unit.key)
+                unit_fields(names.setdefault(unit.field_name, len(names)))
+                if from_message:
+                    unit_kinds(unit.kind)
+                    unit_alignments(unit.alignment)
+                    header = unit.header if unit.HasField("header") else None
+                else:
+                    unit_kinds(UNIT_KIND_TO_PROTO[unit.kind])
+                    unit_alignments(ALIGNMENT_TO_PROTO[unit.alignment])
+                    header = unit.header
+                unit_has_header(header is not None)
+                if header is not None:
+                    add_unit_header(header, from_message=from_message)
+                else:
+                    self.unit_headers.add_missing()
+            multimodal = t.multimodal
+            multimodal_counts(len(multimodal))
+            for ref in multimodal:
+                multimodal_keys(ref.key)
+                multimodal_encoders(encoders.setdefault(ref.encoder, len(encoders)))
+                multimodal_costs(ref.cost)
+                span = ref.placeholder
+                placeholder_starts(span.start)
+                placeholder_ends(span.end)
+                if from_message:
+                    multimodal_kinds(ref.kind)
+                    header = ref.header if ref.HasField("header") else None
+                else:
+                    multimodal_kinds(UNIT_KIND_TO_PROTO[ref.kind])
+                    header = ref.header
+                multimodal_has_header(header is not None)
+                if header is not None:
+                    add_multimodal_header(header, from_message=from_message)
+            scalars = t.scalars.items() if from_message else t.scalars
+            scalar_counts(len(scalars))
+            for name, value in scalars:
+                scalar_names(name)
+                scalar_values(value)
 
     def plain_columns(self) -> dict[str, list[Any]]:
         """The :data:`TRAJECTORY_COLUMNS` values, by column name."""
@@ -214,14 +204,12 @@ def batch_from_messages(messages: Sequence[trajectory_pb2.TrajectoryMetadata]) -
     """The batch of these messages. A unit without a header has no columnar form: that raises
     :class:`InvalidArgument` naming it (the service rejects such a report whichever form it comes in)."""
     lists = ColumnLists()
-    for message in messages:
-        lists.add_message(message)
+    lists.add_messages(messages)
     return lists.to_proto()
 
 
 def batch_from_metas(metas: Sequence[TrajectoryMeta]) -> trajectory_pb2.TrajectoryBatch:
     """The batch of these (validated) domain objects."""
     lists = ColumnLists()
-    for meta in metas:
-        lists.add_meta(meta)
+    lists.add_metas(metas)
     return lists.to_proto()

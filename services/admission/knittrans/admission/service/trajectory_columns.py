@@ -195,8 +195,7 @@ class TrajectoryColumns:
     @staticmethod
     def from_messages(messages: Sequence[trajectory_pb2.TrajectoryMetadata]) -> TrajectoryColumns:
         lists = ColumnLists()
-        for message in messages:
-            lists.add_message(message)
+        lists.add_messages(messages)
         has_header = np.array(lists.multimodal_has_header, dtype=bool)
         plain = lists.plain_columns()
         return TrajectoryColumns(
