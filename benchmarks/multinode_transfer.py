@@ -22,7 +22,7 @@ rounds), each ``--warmup-steps`` then ``--steps`` steps. Figures are medians ove
 round. JSON on stdout (``"skipped"`` with the reason and exit 2 where namespaces cannot be built), progress on
 stderr.
 
-    sudo python benchmarks/multinode_transfer.py [--rounds 2] [--steps 3] [--rates 1gbit]
+    sudo python benchmarks/multinode_transfer.py [--rounds 2] [--steps 3] [--rates 1gbit,unlimited]
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup-steps", type=int, default=1, help="per arm and round, not measured")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per arm and round")
-    parser.add_argument("--rates", default="1gbit", help="tbf rates of the link into node2, or `unlimited`")
+    parser.add_argument("--rates", default="1gbit,unlimited", help="tbf rates of the link into node2, or `unlimited`")
     parser.add_argument("--slots", type=int, default=2, help="ring slots per sidecar")
     parser.add_argument("--prefetch", type=int, default=1, help="micro-batches each trainer stages ahead")
     parser.add_argument("--encoder-microbatch-images", type=int, default=16)
