@@ -102,8 +102,7 @@ def ensure_ray(address: str, *, namespace: str = DEFAULT_NAMESPACE, node_ip_addr
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        ray.init(address=address, namespace=namespace, log_to_driver=False,
-                 **({"_node_ip_address": node_ip_address} if node_ip_address else {}))
+        ray.init(address=address, namespace=namespace, log_to_driver=False, _node_ip_address=node_ip_address or None)
     except ConnectionError as exc:
         raise FailedPrecondition(f"cannot join Ray at {address!r}: {exc}", field="store.address") from exc
     finally:
