@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := redis-server libibverbs1 prometheus
 PROTO_OUT := clients/python
 
-.PHONY: demo test bench proto lint venv sysdeps clean image image-base image-sysdeps test-container
+.PHONY: demo test bench bench-multinode proto lint venv sysdeps clean image image-base image-sysdeps test-container
 
 venv: $(STAMP)
 
@@ -44,6 +44,14 @@ BENCHMARKS := admission_engine planner simulate store admission_service admissio
 bench: sysdeps venv
 	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
 	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done
+
+# Across network hosts in Linux network namespaces (root only): cross-node batch reads at an unlimited and a 1 Gbit
+# link, and exposed transfer per step (iter vs eager) at both. Elsewhere each prints {"skipped": why} (exit 2).
+MULTINODE_BENCHMARKS := multinode multinode_transfer
+bench-multinode: sysdeps venv
+	@mkdir -p bench-out; for b in $(MULTINODE_BENCHMARKS); do \
+	  echo "== benchmarks/$$b.py"; status=0; $(PY) benchmarks/$$b.py > bench-out/$$b.json || status=$$?; \
+	  cat bench-out/$$b.json; [ $$status = 0 ] || [ $$status = 2 ] || exit $$status; done
 
 proto: venv
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) --pyi_out=$(PROTO_OUT) \

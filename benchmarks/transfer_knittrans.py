@@ -299,8 +299,13 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                                        f"{expected_images}")
                 last_dispatch = max([t for r in records for t in r["assigned_at"]]
                                     + [r["encoder"]["assigned_at"] for r in records])
+                blocked = dict(zip(sorted(r["dp"] for r in records),
+                                   extra["blocked_after_first_microbatch_s_per_dp_group"], strict=True))
                 extra.update({"bytes_needed_by_plan": needed, "write_s": write_s,
                               "report_to_dispatch_s": last_dispatch - reported,
+                              # the report to the group's ranks all holding micro-batch 0, plus its later waits
+                              "exposed_from_report_s": max(r["ready"][0] - reported + blocked[r["dp"]]
+                                                           for r in records),
                               "read_calls": sum(after[c].read_calls - before[c].read_calls for c in after)})
                 kind = "warm-up" if step < warmup_steps else "measured"
                 logger.info("[%s] step %d (%s): %.2f s, exposed transfer %.4f s, first micro-batch %.4f s, "

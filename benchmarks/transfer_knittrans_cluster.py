@@ -119,11 +119,26 @@ def image_cost(config: WorkloadConfig) -> float:
     return float(max(1, (config.image_height // PATCH) * (config.image_width // PATCH)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """The admission service on another network host (``benchmarks/multinode_transfer.py``): the command prefix
+    that runs it there, the address it binds there, and the store URL each side opens (a Mooncake client names
+    its own node). The sidecars run on this host."""
+
+    admission_prefix: tuple[str, ...]
+    admission_host: str
+    admission_store_url: str
+    sidecar_store_url: str
+
+
 def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots: int,
-                  encoder_microbatch_images: int) -> Cluster:
+                  encoder_microbatch_images: int, placement: Placement | None = None) -> Cluster:
     job = f"bench{uuid.uuid4().hex[:6]}"
     mooncake = None
-    if store == "mooncake":
+    admission_store_url = ""
+    if placement is not None:  # the data plane runs elsewhere, started by the caller
+        store_url, admission_store_url = placement.sidecar_store_url, placement.admission_store_url
+    elif store == "mooncake":
         from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
 
         mooncake = start_mooncake(MooncakeClusterConfig(segment_size=2048 << 20), log_dir=directory / "mooncake")
@@ -138,12 +153,14 @@ def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots:
     }
     admission_config = directory / "admission.yaml"
     admission_config.write_text(yaml.safe_dump({
-        "job": job, "store": store_url, "topology": topology,
+        "job": job, "store": admission_store_url or store_url, "topology": topology,
         "engine": {"train_batch_size": config.num_trajectories, "num_minibatches": 1, "sources": {"bench": 1.0}},
-        "server": {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}},
+        "server": {"host": placement.admission_host if placement else "127.0.0.1", "port": 0,
+                   "metrics": {"port": -1}},
     }))
     ready = directory / "admission.ready"
-    admission = _spawn("admission", [KNITTRANS, "admission", "serve", "--config", str(admission_config),
+    prefix = list(placement.admission_prefix) if placement else []
+    admission = _spawn("admission", [*prefix, KNITTRANS, "admission", "serve", "--config", str(admission_config),
                                      "--ready-file", str(ready)], directory, ready)
     _wait_ready([admission])
     reorg_config = directory / "reorg.yaml"

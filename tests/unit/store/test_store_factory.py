@@ -38,6 +38,8 @@ def test_mooncake_urls():
 def test_ray_urls_and_unknown_schemes():
     assert parse_store_url("ray://") == RayStoreSpec()
     assert parse_store_url("ray://reg?namespace=ns") == RayStoreSpec(registry="reg", namespace="ns")
+    assert parse_store_url("ray://?address=10.0.0.1:6379&node_ip_address=10.0.0.2") == RayStoreSpec(
+        address="10.0.0.1:6379", node_ip_address="10.0.0.2")
     with pytest.raises(ConfigError, match="unknown store scheme"):
         parse_store_url("s3://bucket")
 

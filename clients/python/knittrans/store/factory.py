@@ -7,7 +7,9 @@
 * ``ray://`` or ``ray://<registry>?namespace=<ns>&address=<ray address>`` — the Ray object store. A process that
   has not initialised Ray yet (``knittrans admission serve``, ``knittrans reorg serve``) joins the Ray cluster at
   ``address``: ``auto`` (the default: the cluster this node runs), ``HOST:PORT`` of its head (GCS), or ``local``
-  for a private one-process Ray.
+  for a private one-process Ray. ``node_ip_address`` names this node's Raylet where the host runs several (Ray
+  finds Raylets by listing the host's processes, and otherwise prefers the head's): hosts that share a process
+  table, such as network namespaces on one machine.
 
 Unknown query keys and malformed values are :class:`~knittrans.errors.ConfigError`\\ s naming the key.
 """
@@ -45,6 +47,7 @@ class RayStoreSpec:
     registry: str = DEFAULT_REGISTRY
     namespace: str = DEFAULT_NAMESPACE
     address: str = "auto"  # the Ray cluster to join when this process has not initialised Ray
+    node_ip_address: str = ""  # this node's Raylet, by its address; "" lets Ray choose
 
 
 StoreSpec = FileStoreSpec | MooncakeStoreConfig | RayStoreSpec
@@ -105,6 +108,6 @@ def open_store(target: str | StoreSpec, *, job: str = "default") -> UnitStore:
     if isinstance(spec, RayStoreSpec):
         from knittrans.store.ray_store import RayUnitStore, ensure_ray
 
-        ensure_ray(spec.address, namespace=spec.namespace)
+        ensure_ray(spec.address, namespace=spec.namespace, node_ip_address=spec.node_ip_address)
         return RayUnitStore(registry=spec.registry, namespace=spec.namespace)
     raise ConfigError(f"not a store spec: {spec!r}", field="store")

@@ -88,20 +88,21 @@ class UnitRegistry:
         return len(self._units)
 
 
-def ensure_ray(address: str, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+def ensure_ray(address: str, *, namespace: str = DEFAULT_NAMESPACE, node_ip_address: str = "") -> None:
     """Join the Ray cluster at ``address`` unless this process has initialised Ray already (a Ray-native trainer
-    has; the KnitTrans services have not)."""
+    has; the KnitTrans services have not), through the Raylet at ``node_ip_address`` when given (else Ray's
+    choice: the only Raylet on this host, or the head's)."""
     import ray
 
     if ray.is_initialized():
         return
-    logger.info("joining Ray at %r (namespace %r)", address, namespace)
+    logger.info("joining Ray at %r (namespace %r, node %r)", address, namespace, node_ip_address or "any")
     # ray.init replaces the SIGTERM handler with sys.exit; the services' graceful shutdown needs theirs back.
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
+        ray.init(address=address, namespace=namespace, log_to_driver=False, _node_ip_address=node_ip_address or None)
     except ConnectionError as exc:
         raise FailedPrecondition(f"cannot join Ray at {address!r}: {exc}", field="store.address") from exc
     finally:
