@@ -47,6 +47,9 @@ from knittrans.wire import consumer_from_proto, topology_to_proto, within
 logger = logging.getLogger(__name__)
 
 _STAGES = (pb.PROGRESS_STAGE_VERIFIED, pb.PROGRESS_STAGE_DELIVERED, pb.PROGRESS_STAGE_OPTIMIZER_STEP)
+# A small mini-batch's part is built on the loop: a hand-off to the builder thread (and the lock it takes) costs
+# more than the build, and report-to-assignment latency is what consumers wait on.
+INLINE_BUILD_TRAJECTORIES = 256
 MAX_VERDICT_WAIT = 60.0  # seconds one WaitMiniBatchVerdict call may wait
 MAX_FAILURE_REASON = 1024  # characters
 RETRY_ADMISSION_AFTER = 0.5  # seconds before an admission that could not be journaled is decided again
@@ -317,6 +320,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
 
     async def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
         dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
+        if len(minibatch.trajectory_ids) <= INLINE_BUILD_TRAJECTORIES:
+            return assignment_response(minibatch, dispatch, consumer)
         # The build reads only the dispatch (its own copy of the metadata) and the journaled admission.
         built = self._builder.submit(assignment_response, minibatch, dispatch, consumer)
         return await asyncio.wrap_future(built)
