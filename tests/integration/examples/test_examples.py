@@ -68,7 +68,8 @@ def test_rollout_worker_and_trainer_loop_examples(tmp_path: Path) -> None:
 
 
 def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config(tmp_path: Path) -> None:
-    """deploy/k8s's admission config, as shipped (only the listening addresses moved to loopback and free ports)."""
+    """deploy/k8s's admission config, as shipped (only the listening addresses moved to loopback and free ports,
+    and the job renamed: the session's live deploy stack serves the shipped job name, and a job has one service)."""
     shipped = ROOT / "deploy" / "k8s" / "base" / "admission" / "admission.yaml"
     store = f"file://{tmp_path / 'units'}"
     group = ProcessGroup(tmp_path / "logs")
@@ -76,7 +77,7 @@ def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config
         admission = group.start("admission", [
             sys.executable, "-m", "knittrans.cli", "admission", "serve", "--config", str(shipped),
             "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--store", store,
-            "--ready-file", str(tmp_path / "a.json")])
+            "--job", f"example-{uuid.uuid4().hex[:6]}", "--ready-file", str(tmp_path / "a.json")])
         address = group.wait_ready(admission, tmp_path / "a.json")["address"]
         rollout = subprocess.run(
             [sys.executable, str(EXAMPLES / "rollout_worker.py"), "--admission", address, "--store", store],
