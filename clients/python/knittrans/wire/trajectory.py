@@ -96,17 +96,22 @@ def header_to_proto(header: UnitHeader) -> trajectory_pb2.UnitHeader:
     return message
 
 
+def _header_fields(message: trajectory_pb2.UnitHeader) -> dict[str, Any]:
+    """A header message's fields as :class:`UnitHeader` takes them (its dtype must be a known one)."""
+    return {
+        "dtype": DTYPE_FROM_PROTO[message.dtype],
+        "shape": tuple(message.shape),
+        "byte_length": message.byte_length,
+        "content_hash": message.content_hash,
+        "seq_axis": message.seq_axis if message.HasField("seq_axis") else None,
+        "chunk_tokens": message.chunk_tokens,
+    }
+
+
 def header_from_proto(message: trajectory_pb2.UnitHeader) -> UnitHeader:
     if message.dtype not in DTYPE_FROM_PROTO:
         raise InvalidArgument("unknown or unspecified dtype", field="dtype")
-    return UnitHeader(
-        dtype=DTYPE_FROM_PROTO[message.dtype],
-        shape=tuple(message.shape),
-        byte_length=message.byte_length,
-        content_hash=message.content_hash,
-        seq_axis=message.seq_axis if message.HasField("seq_axis") else None,
-        chunk_tokens=message.chunk_tokens,
-    )
+    return UnitHeader(**_header_fields(message))
 
 
 def _kind_from_proto(number: int) -> UnitKind:
@@ -198,15 +203,7 @@ def _trusted(cls: type[T], **fields: object) -> T:
 
 
 def _trusted_header(message: trajectory_pb2.UnitHeader) -> UnitHeader:
-    return _trusted(
-        UnitHeader,
-        dtype=DTYPE_FROM_PROTO[message.dtype],
-        shape=tuple(message.shape),
-        byte_length=message.byte_length,
-        content_hash=message.content_hash,
-        seq_axis=message.seq_axis if message.HasField("seq_axis") else None,
-        chunk_tokens=message.chunk_tokens,
-    )
+    return _trusted(UnitHeader, **_header_fields(message))
 
 
 def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) -> TrajectoryMeta:
