@@ -22,22 +22,7 @@ import pytest
 
 from knittrans.shm import list_segments
 from tests.doc_blocks import make_recipe, readme_commands
-
-
-def running_with(marker: str) -> list[str]:
-    """Command lines of live processes that mention ``marker`` (the run's output directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in command:
-            found.append(command)
-    return found
-
+from tests.live_processes import running_with
 
 # `make demo`, then every `knittrans demo` command of the README, verbatim, from a fresh directory and with the
 # default output directory; only `--train-batches 2` is added, to keep the run short.

@@ -19,6 +19,7 @@ import pytest
 
 from knittrans.demo.stack.namespaces import NamespaceCluster, leftovers
 from tests.doc_blocks import ROOT
+from tests.live_processes import running_with
 from tests.multinode.conftest import UNAVAILABLE, DataPlane
 
 pytestmark = [
@@ -41,17 +42,6 @@ def node_client(cluster: NamespaceCluster, node: int, *args: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def running_with(marker: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if marker in command:
-                found.append(command)
-    return found
 
 
 def test_nodes_are_isolated(cluster: NamespaceCluster, data_plane: DataPlane, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ counts it, and SIGTERM leaves nothing running."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from knittrans.launch.mooncake import master_key_count
 from knittrans.store.factory import open_store
 from knittrans.store.protocol import UnitWrite
 from knittrans.types import DType, UnitKey
+from tests.live_processes import running_with
 
 
 def start(args: list[str], ready: Path, log: Path) -> tuple[subprocess.Popen, dict]:
@@ -33,17 +33,6 @@ def start(args: list[str], ready: Path, log: Path) -> tuple[subprocess.Popen, di
     return process, json.loads(ready.read_text())
 
 
-def running_with(marker: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if marker in command:
-                found.append(command)
-    return found
 
 
 @pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"])

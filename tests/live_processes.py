@@ -1,0 +1,21 @@
+"""What a test sees of the machine's processes, read from /proc (no ps, no psutil)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def running_with(marker: str) -> list[str]:
+    """Command lines of live processes (other than this one) that mention ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in command:
+            found.append(command)
+    return found
