@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -48,6 +49,39 @@ return {4, last}
 """
 
 
+# KEYS: the record list, the end key, the snapshot key, the fingerprint chunk list. ARGV: the snapshot's sequence,
+# its bytes, the number of chunks the previous snapshot included, the new chunk's bytes ('' for none). Fenced like
+# an append: taken only if the journal ends at the snapshot's sequence (so no write the writer is unsure of, and
+# no other writer's record, lies beyond it) and the chunks are the ones the writer knows. The snapshot, its chunk
+# and the truncation of the records it includes happen together or not at all; recovery would also skip records
+# the snapshot includes, were any left.
+_SNAPSHOT_SCRIPT = """
+local length = redis.call('LLEN', KEYS[1])
+local last = tonumber(redis.call('GET', KEYS[2]) or length)
+if tonumber(ARGV[1]) ~= last then
+  return {4, last}
+end
+if redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[3]) then
+  return {5, last}
+end
+if ARGV[4] ~= '' then
+  redis.call('RPUSH', KEYS[4], ARGV[4])
+end
+redis.call('SET', KEYS[3], ARGV[2])
+redis.call('SET', KEYS[2], last)
+redis.call('LTRIM', KEYS[1], length, -1)
+return {1, last}
+"""
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """The stored snapshot's bytes and the fingerprint chunks stored with it, in order."""
+
+    state: bytes
+    chunks: list[bytes]
+
+
 class AppendOutcome(StrEnum):
     APPENDED = "appended"
     ALREADY_THERE = "already there"  # the same bytes at that sequence: an earlier attempt of this append landed
@@ -56,6 +90,7 @@ class AppendOutcome(StrEnum):
 class FenceViolation(StrEnum):
     DIFFERENT_RECORD = "a different record is at that sequence"
     ENDS_ELSEWHERE = "the journal does not end at the previous sequence"
+    OTHER_CHUNKS = "the stored fingerprint chunks are not the ones the writer knows"
 
 
 class JournalFenced(Aborted):
@@ -122,6 +157,16 @@ class Journal(Protocol):
         the journal cannot be read."""
         ...
 
+    async def read_snapshot(self) -> StoredSnapshot | None:
+        """The stored snapshot, if any; :class:`Unavailable` if it cannot be read."""
+        ...
+
+    async def write_snapshot(self, sequence: int, state: bytes, chunks_before: int, new_chunk: bytes) -> None:
+        """Store a snapshot of the state after record ``sequence`` with one more fingerprint chunk (``b""``: none),
+        and drop the records it includes. Raises :class:`JournalFenced` (nothing written) unless the journal ends
+        at ``sequence`` and holds ``chunks_before`` chunks, :class:`JournalOutcomeUnknown` if the reply was lost."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -136,6 +181,12 @@ class MemoryJournal:
     async def replay(self, after: int = 0) -> AsyncIterator[journal_pb2.JournalRecord]:
         return
         yield  # pragma: no cover  (makes this an async generator)
+
+    async def read_snapshot(self) -> StoredSnapshot | None:
+        return None
+
+    async def write_snapshot(self, sequence: int, state: bytes, chunks_before: int, new_chunk: bytes) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -156,7 +207,10 @@ class RedisJournal:
         )
         self.key = f"knittrans:{job}:journal"
         self.end_key = f"{self.key}:end"
+        self.snapshot_key = f"{self.key}:snapshot"
+        self.chunks_key = f"{self.key}:fingerprints"
         self._append_script = self._client.register_script(_APPEND_SCRIPT)
+        self._snapshot_script = self._client.register_script(_SNAPSHOT_SCRIPT)
 
     async def append(self, record: journal_pb2.JournalRecord) -> AppendOutcome:
         import redis
@@ -212,6 +266,29 @@ class RedisJournal:
             if not chunk:
                 return
             start += len(chunk)
+
+    async def read_snapshot(self) -> StoredSnapshot | None:
+        import redis
+
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                state, chunks = await pipe.get(self.snapshot_key).lrange(self.chunks_key, 0, -1).execute()
+        except redis.RedisError as exc:
+            raise Unavailable(f"cannot read the Redis journal's snapshot: {exc}") from exc
+        return None if state is None else StoredSnapshot(state=state, chunks=chunks)
+
+    async def write_snapshot(self, sequence: int, state: bytes, chunks_before: int, new_chunk: bytes) -> None:
+        import redis
+
+        try:
+            code, end = await self._snapshot_script(
+                keys=[self.key, self.end_key, self.snapshot_key, self.chunks_key],
+                args=[sequence, state, chunks_before, new_chunk])
+        except redis.RedisError as exc:
+            raise JournalOutcomeUnknown(sequence, f"snapshot: {type(exc).__name__}: {exc}") from exc
+        if code != 1:
+            violation = FenceViolation.ENDS_ELSEWHERE if code == 4 else FenceViolation.OTHER_CHUNKS
+            raise JournalFenced(sequence, int(end), violation)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -6,6 +6,11 @@ Each record goes to the journal at the next sequence, fenced (see journal.py). W
 tail until Redis answers: a record that is there happened and is applied; one that is not did not, and the call
 fails UNAVAILABLE (an admission is decided again). Mutating calls wait for the lock at most
 ``mutation_wait_seconds``, then fail UNAVAILABLE; reads go on.
+
+Every ``snapshot_every`` records the ledger is snapshotted into the journal, which drops the records the snapshot
+includes (see journal.py); recovery restores the snapshot and replays only the records after it. A snapshot is
+taken under the same lock as the changes, so never while a write's outcome is unknown, and the journal takes it
+only if it ends at the snapshot's sequence (so never over a write the service does not know of).
 """
 
 from __future__ import annotations
@@ -16,10 +21,18 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from knittrans.admission.service.ingest.report import Classified
-from knittrans.admission.service.journal import Journal, JournalFenced, JournalOutcomeUnknown, is_next, same_bytes
+from knittrans.admission.service.journal import (
+    Journal,
+    JournalFenced,
+    JournalOutcomeUnknown,
+    StoredSnapshot,
+    is_next,
+    same_bytes,
+)
 from knittrans.admission.service.ledger import AdmissionLedger, Applied
+from knittrans.admission.service.snapshot import StoredFingerprints, restore_ledger, snapshot_of
 from knittrans.errors import KnitTransError, Unavailable
-from knittrans.v1 import journal_pb2
+from knittrans.v1 import journal_pb2, snapshot_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +51,7 @@ class JournaledCommits:
         after: Callable[[Applied, float], Awaitable[None]],
         mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
         closed: Callable[[], bool] = lambda: False,
+        snapshot_every: int = 0,
     ) -> None:
         self._journal = journal
         self._ledger = ledger
@@ -47,6 +61,70 @@ class JournaledCommits:
         self.lock = asyncio.Lock()
         self._applied_sequence = 0  # the last journal record applied to the ledger
         self._settling = False  # a journal write's outcome is unknown and its tail is being read
+        self._snapshot_every = snapshot_every if journal.keeps_records else 0  # records; 0: no snapshots
+        self._snapshot_sequence = 0  # the last record the stored snapshot includes (or the last attempt's)
+        self._stored: StoredFingerprints | None = StoredFingerprints()  # None: unknown until read again
+        self.snapshot_due = asyncio.Event()
+
+    @property
+    def applied_sequence(self) -> int:
+        return self._applied_sequence
+
+    async def recover(self) -> int:
+        """Restore the stored snapshot, if any, then apply the journal's records after it; returns how many
+        records were applied. Must run before anything else touches the ledger."""
+        stored = await self._journal.read_snapshot()
+        if stored is not None:
+            self._restore(stored)
+            logger.info("restored the snapshot of journal record %d", self._applied_sequence)
+        count = 0
+        async for record in self._journal.replay(after=self._applied_sequence):
+            if self.apply(record) is not None:
+                count += 1
+        return count
+
+    def _restore(self, stored: StoredSnapshot) -> None:
+        snapshot = snapshot_pb2.AdmissionSnapshot.FromString(stored.state)
+        self._stored = restore_ledger(self._ledger, snapshot, stored.chunks)
+        self._applied_sequence = self._snapshot_sequence = snapshot.sequence
+
+    def snapshot_is_due(self) -> bool:
+        every = self._snapshot_every
+        return bool(every) and self._applied_sequence - self._snapshot_sequence >= every
+
+    async def keep_snapshots(self) -> None:
+        """Background task: snapshot the ledger whenever ``snapshot_every`` records were applied since the last
+        snapshot (or the last attempt: a failed one is tried again after as many records)."""
+        while True:
+            await self.snapshot_due.wait()
+            self.snapshot_due.clear()
+            async with self.lock:
+                if self.snapshot_is_due():
+                    await self.snapshot()
+
+    async def snapshot(self) -> bool:
+        """Store a snapshot of the ledger at the last applied record; must hold the lock. False if the journal
+        refused it or Redis did not answer (nothing is lost: the records stay until a snapshot is taken)."""
+        sequence = self._applied_sequence
+        self._snapshot_sequence = sequence
+        try:
+            if self._stored is None:  # an earlier attempt's outcome is unknown: see what is stored
+                stored = await self._journal.read_snapshot()
+                self._stored = StoredFingerprints() if stored is None else StoredFingerprints(
+                    chunks=(header := snapshot_pb2.AdmissionSnapshot.FromString(stored.state)).fingerprint_chunks,
+                    count=header.fingerprint_count)
+            snapshot = snapshot_of(self._ledger, sequence, self._stored)
+            chunk = b"" if snapshot.new_chunk is None else snapshot.new_chunk.SerializeToString()
+            await self._journal.write_snapshot(sequence, snapshot.state.SerializeToString(), self._stored.chunks,
+                                               chunk)
+        except (JournalOutcomeUnknown, JournalFenced, Unavailable) as exc:
+            self._stored = None
+            logger.warning("no snapshot of journal record %d: %s", sequence, exc)
+            return False
+        self._stored = snapshot.stored
+        logger.info("snapshot of journal record %d stored (%d bytes); the records up to it are dropped", sequence,
+                    snapshot.state.ByteSize() + len(chunk))
+        return True
 
     @contextlib.asynccontextmanager
     async def mutating(self) -> AsyncIterator[None]:
@@ -71,6 +149,8 @@ class JournaledCommits:
             return None
         applied = self._ledger.apply(record, prepared)
         self._applied_sequence = record.sequence
+        if self._snapshot_every and record.sequence - self._snapshot_sequence >= self._snapshot_every:
+            self.snapshot_due.set()
         return applied
 
     async def append(self, record: journal_pb2.JournalRecord) -> None:

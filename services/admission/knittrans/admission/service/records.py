@@ -21,6 +21,10 @@ def blocking_to_proto(reason: BlockingReason) -> int:
     return _BLOCKING_TO_PROTO[reason]
 
 
+def blocking_from_proto(number: int) -> BlockingReason:
+    return _BLOCKING_FROM_PROTO[number]
+
+
 def failure_consumer(failure: admission_service_pb2.ConsumerFailure) -> ConsumerId:
     return ConsumerId(role=failure.consumer.role, dp_rank=failure.consumer.dp_rank, cp_rank=failure.consumer.cp_rank)
 

@@ -73,6 +73,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         delete_batch_size: int = 1024,
         mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
         clock: Callable[[], float] = time.time,
+        snapshot_every: int = 0,
     ) -> None:
         self._ledger = ledger
         self._journal = journal
@@ -82,7 +83,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._delete_batch_size = delete_batch_size
         self._clock = clock
         self._commits = JournaledCommits(journal=journal, ledger=ledger, after=self._after,
-                                         mutation_wait_seconds=mutation_wait_seconds, closed=lambda: self._closed)
+                                         mutation_wait_seconds=mutation_wait_seconds, closed=lambda: self._closed,
+                                         snapshot_every=snapshot_every)
         self._lock = self._commits.lock
         self._published = asyncio.Condition()
         self._verdicts = asyncio.Condition()  # notified when a mini-batch's verdict is decided
@@ -105,17 +107,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     # -- lifecycle -------------------------------------------------------------------------------------
 
     async def recover(self) -> int:
-        """Rebuild the ledger from the journal; returns the number of records replayed."""
-        count = 0
-        async for record in self._journal.replay():
-            if self._commits.apply(record) is not None:
-                count += 1
+        """Rebuild the ledger from the journal's snapshot and the records after it; returns how many records were
+        replayed."""
+        started = time.monotonic()
+        count = await self._commits.recover()
         for key in self._ledger.pending_deletes:
             self._deletions.put_nowait(key)
-        if count:
+        if self._commits.applied_sequence:
             logger.info(
-                "recovered %d journal records: %d mini-batches admitted, version %d",
-                count, self._ledger.next_sequence - 1, self._ledger.version,
+                "recovered %d journal records in %.3fs: %d mini-batches admitted, version %d",
+                count, time.monotonic() - started, self._ledger.next_sequence - 1, self._ledger.version,
             )
         async with self._lock:
             await self._admit_until_wait()
@@ -125,6 +126,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     def start_background(self) -> None:
         self._background.append(asyncio.create_task(self._delete_released(), name="delete-released"))
         self._background.append(asyncio.create_task(self._tick_gauges(), name="gauges"))
+        self._background.append(asyncio.create_task(self._commits.keep_snapshots(), name="snapshots"))
 
     async def close(self) -> None:
         self._closed = True
