@@ -110,7 +110,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("reserve"), st.integers(100, 104)),
     st.tuples(st.just("cancel"), st.integers(100, 104)),
     st.tuples(st.just("tick"), st.floats(0.1, 30.0)),
-), max_size=60)
+), min_size=8, max_size=60)
 
 
 async def drive(engine: EngineConfig, ops: list[tuple]) -> list[bytes]:
