@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from knittrans.admission.engine import EngineConfig, decide
+from knittrans.admission.service.block_merge import merge_blocks
 from knittrans.admission.service.journal import AppendOutcome
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
 from knittrans.admission.service.metrics import AdmissionMetrics
@@ -199,6 +200,8 @@ def restored(engine: EngineConfig, records: list[bytes], cuts: list[int]) -> Adm
         state = snapshot.state.SerializeToString()
         ledger = AdmissionLedger(LedgerSettings(engine=engine, topology=TOPOLOGY))
         stored = restore_ledger(ledger, snapshot_pb2.AdmissionSnapshot.FromString(state), list(chunks))
+        # Every block read from batches merged into one: the rows answer as they did in their own blocks.
+        merge_blocks(ledger, [n for n, b in ledger._blocks.items() if b.columns.messages is None])
         applied = cut
     for raw in records[applied:]:
         ledger.apply(journal_pb2.JournalRecord.FromString(raw))
@@ -225,13 +228,14 @@ def dump(value: object, skip: frozenset[str] = frozenset()) -> object:
 
 
 def internals(ledger: AdmissionLedger) -> object:
-    """The ledger's and the engine's fields, but for row handles (internal numbering), the fingerprints cached for
+    """The ledger's and the engine's fields, but for row handles and blocks (internal numbering and layout; the
+    index's insertion order follows the blocks' and nothing reads it), the fingerprints cached for
     live trajectories (a cache: compared through fingerprint_of in observed) and what the config determines."""
     engine = dump(ledger.engine, frozenset({"config", "targets", "_inputs"}))
     inputs = dump(ledger.engine._inputs, frozenset({"targets", "pool", "last_wait"}))
     index = dump(ledger.index, frozenset({"_generation"}))
     rest = dump(ledger, frozenset({"settings", "engine", "index", "_rows", "_blocks", "_next_block", "_digests",
-                                   "limits", "minibatches"}))
+                                   "limits", "minibatches", "_small_blocks", "_examined_block"}))
     minibatches = [dump(m, frozenset({"dispatch"})) for _, m in sorted(ledger.minibatches.items())]
     return engine, inputs, index, rest, minibatches
 
@@ -246,7 +250,7 @@ def observed(ledger: AdmissionLedger, now: float) -> tuple:
     return (
         {t: live(t) for t in ledger._rows},
         {t: ledger.fingerprint_of(t) for t in sorted(ledger._digests.keys() | ledger._rows.keys())},
-        ledger.index.entries(), sorted((k, ledger.index.refcount(k)) for k in ledger.index.live_keys()),
+        sorted(ledger.index.entries(), key=lambda e: e.trajectory_id), sorted((k, ledger.index.refcount(k)) for k in ledger.index.live_keys()),
         {t: ledger.index.reservation(t) for t in (f"t{i}" for i in range(100, 105))},
         dict(ledger.media), ledger.schema,
         status, [q.keys[q.head:] for q in view.pool.queues], sorted(view.pool.units.items()), list(view.filtered),

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from knittrans.admission.service.block_merge import coalesce_small_blocks
 from knittrans.admission.service.ingest.report import Classified
 from knittrans.admission.service.journal import (
     Journal,
@@ -148,6 +149,7 @@ class JournaledCommits:
         if not is_next(self._applied_sequence, record.sequence):
             return None
         applied = self._ledger.apply(record, prepared)
+        coalesce_small_blocks(self._ledger)
         self._applied_sequence = record.sequence
         if self._snapshot_every and record.sequence - self._snapshot_sequence >= self._snapshot_every:
             self.snapshot_due.set()

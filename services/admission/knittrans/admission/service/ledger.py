@@ -140,6 +140,8 @@ class AdmissionLedger:
         self._rows: dict[TrajectoryId, int] = {}
         self._blocks: dict[int, _Block] = {}
         self._next_block = 0
+        self._small_blocks: list[int] = []  # blocks block_merge will merge, and the last block it looked at
+        self._examined_block = -1
         self._digests: dict[TrajectoryId, bytes] = {}
         # Multimodal input key -> how its references describe it, while any trajectory holds the input.
         self._media: dict[str, tuple] = {}

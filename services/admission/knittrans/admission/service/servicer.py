@@ -22,6 +22,7 @@ from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
+from knittrans.admission.service.block_merge import coalesce_small_blocks
 from knittrans.admission.service.gc_pacing import collect_young_objects
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
@@ -173,6 +174,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             applied = self._commits.apply(record, report) or Applied()
         else:  # nothing would keep the record: apply the report without building it
             applied = self._ledger.apply_report(at, report)
+            coalesce_small_blocks(self._ledger)
         await self._after(applied, at)
         return applied
 

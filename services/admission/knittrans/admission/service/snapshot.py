@@ -26,6 +26,7 @@ from knittrans.admission.engine.image import (
     engine_image,
     restore_engine,
 )
+from knittrans.admission.service.block_merge import SMALL_BLOCK, merge_blocks
 from knittrans.admission.service.ingest.report import check_keys
 from knittrans.admission.service.ingest.rules import oldest_versions
 from knittrans.admission.service.ledger import (
@@ -148,6 +149,9 @@ def restore_ledger(ledger: AdmissionLedger, snapshot: snapshot_pb2.AdmissionSnap
     ledger.version = snapshot.version
     for report in snapshot.live_reports:
         _restore_block(ledger, report)
+    small = [n for n, b in ledger._blocks.items() if b.columns.messages is None and len(b.columns) < SMALL_BLOCK]
+    if len(small) > 1:
+        merge_blocks(ledger, small)
     index = ledger.index
     for reservation in snapshot.reservations:
         index.reserve(TrajectoryId(reservation.trajectory_id), SampleId(reservation.sample_id),

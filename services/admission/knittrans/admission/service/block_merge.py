@@ -1,0 +1,157 @@
+"""Small reports' columns merged into one block, so that a pending trajectory costs the same whatever the size of
+the report it came in.
+
+The ledger keeps each applied report's metadata as one block of columns (:class:`TrajectoryColumns`, a few dozen
+arrays and tuples). A report of 10 trajectories pays that fixed cost for 10 rows, one of 1,000 for 1,000: about
+800 bytes more per pending trajectory in reports of 10. Once ``COALESCE_AT`` blocks of fewer than ``SMALL_BLOCK``
+rows have gathered, their live rows are merged into one block (:func:`merge_rows`). The merge shares the strings
+(ids, keys, hashes) with the blocks it replaces, which the unit index references too, so nothing is held twice;
+rows of reports that came as messages keep their block (their original messages are what the ledger answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from knittrans.admission.service.trajectory_columns import (
+    HeaderColumns,
+    TrajectoryColumns,
+    _header_index,
+    _offsets,
+    gather_index,
+)
+from knittrans.wire.trajectory import TRAJECTORY_COLUMNS
+
+if TYPE_CHECKING:
+    from knittrans.admission.service.ledger import AdmissionLedger
+
+SMALL_BLOCK = 128  # rows
+COALESCE_AT = 64  # small blocks
+
+
+def coalesce_small_blocks(ledger: AdmissionLedger) -> None:
+    """Call after each applied record: notes the block it added, if small, and merges the small blocks once
+    ``COALESCE_AT`` of them gathered."""
+    newest = ledger._next_block - 1
+    if newest > ledger._examined_block:
+        ledger._examined_block = newest
+        block = ledger._blocks.get(newest)
+        if block is not None and block.columns.messages is None and len(block.columns) < SMALL_BLOCK:
+            ledger._small_blocks.append(newest)
+    if len(ledger._small_blocks) >= COALESCE_AT:
+        merge_blocks(ledger, ledger._small_blocks)
+
+
+def merge_blocks(ledger: AdmissionLedger, numbers: Sequence[int]) -> None:
+    """Replace these blocks by one block of their live rows, in order."""
+    from knittrans.admission.service.ledger import _BLOCK_SHIFT, _Block
+
+    parts: list[tuple[TrajectoryColumns, list[int]]] = []
+    oldest: list[int] = []
+    rows_of = ledger._rows
+    for number in numbers:
+        block = ledger._blocks.pop(number, None)
+        if block is None:
+            continue
+        base = number << _BLOCK_SHIFT
+        rows = [i for i, t in enumerate(block.columns.trajectory_ids) if rows_of.get(t) == base + i]
+        if rows:
+            parts.append((block.columns, rows))
+            oldest.extend(block.oldest[i] for i in rows)
+    ledger._small_blocks = []
+    if not parts:
+        return
+    columns = merge_rows(parts)
+    number = ledger._next_block
+    ledger._next_block += 1
+    ledger._examined_block = number
+    ledger._blocks[number] = _Block(columns, len(columns), oldest)
+    base = number << _BLOCK_SHIFT
+    rows_of.update(zip(columns.trajectory_ids, range(base, base + len(columns)), strict=True))
+    if len(columns) < SMALL_BLOCK:
+        ledger._small_blocks.append(number)
+
+
+def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
+
+
+def _pick(values: Sequence, indices: np.ndarray) -> list:
+    return [values[i] for i in indices.tolist()]
+
+
+def _merge_headers(parts: list[tuple[HeaderColumns, np.ndarray]]) -> HeaderColumns:
+    ranks = _concat([h.ranks[k] for h, k in parts], np.int64)
+    return HeaderColumns(
+        dtypes=_concat([h.dtypes[k] for h, k in parts], np.int64),
+        ranks=ranks,
+        shape_offsets=_offsets(ranks),
+        shape=_concat([h.shape[gather_index(h.shape_offsets, k)] for h, k in parts], np.uint64),
+        has_seq_axis=_concat([h.has_seq_axis[k] for h, k in parts], bool),
+        seq_axes=_concat([h.seq_axes[k] for h, k in parts], np.int64),
+        byte_lengths=_concat([h.byte_lengths[k] for h, k in parts], np.uint64),
+        content_hashes=tuple(chain.from_iterable(_pick(h.content_hashes, k) for h, k in parts)),
+        chunk_tokens=_concat([h.chunk_tokens[k] for h, k in parts], np.int64),
+    )
+
+
+def merge_rows(parts: Sequence[tuple[TrajectoryColumns, Sequence[int]]]) -> TrajectoryColumns:
+    """The columns of these rows of these blocks, in order (blocks read from batches: every unit has a header)."""
+    field_names: dict[str, int] = {}
+    encoders: dict[str, int] = {}
+    gathered = []
+    for columns, rows in parts:
+        rows = np.asarray(rows, dtype=np.int64)
+        fields = np.array([field_names.setdefault(n, len(field_names)) for n in columns.field_names], np.int64)
+        coders = np.array([encoders.setdefault(n, len(encoders)) for n in columns.encoders], np.int64)
+        refs = gather_index(columns.multimodal_offsets, rows)
+        header_index = columns.multimodal_header_index[refs]
+        gathered.append((columns, rows, gather_index(columns.segment_offsets, rows),
+                         gather_index(columns.unit_offsets, rows), refs, header_index,
+                         gather_index(columns.scalar_offsets, rows), fields, coders))
+
+    def cat(name: str, index: int, dtype) -> np.ndarray:
+        return _concat([getattr(g[0], name)[g[index]] for g in gathered], dtype)
+
+    def counts(name: str) -> np.ndarray:
+        return _offsets(_concat([np.diff(getattr(g[0], name))[g[1]] for g in gathered], np.int64))
+
+    plain = {}
+    for spec in TRAJECTORY_COLUMNS:
+        if spec.dtype == "str":
+            plain[spec.column] = tuple(chain.from_iterable(_pick(g[0].plain[spec.column], g[1]) for g in gathered))
+        else:
+            plain[spec.column] = _concat([g[0].plain[spec.column][g[1]] for g in gathered], spec.dtype)
+    has_header = _concat([h >= 0 for *_, h, _, _, _ in gathered], bool)
+    return TrajectoryColumns(
+        plain=plain,
+        segment_offsets=counts("segment_offsets"),
+        segment_versions=cat("segment_versions", 2, np.uint64),
+        segment_tokens=cat("segment_tokens", 2, np.uint64),
+        unit_offsets=counts("unit_offsets"),
+        unit_keys=tuple(chain.from_iterable(_pick(g[0].unit_keys, g[3]) for g in gathered)),
+        unit_fields=_concat([g[7][g[0].unit_fields[g[3]]] for g in gathered], np.int64),
+        field_names=list(field_names),
+        unit_kinds=cat("unit_kinds", 3, np.int64),
+        unit_alignments=cat("unit_alignments", 3, np.int64),
+        unit_has_header=cat("unit_has_header", 3, bool),
+        unit_headers=_merge_headers([(g[0].unit_headers, g[3]) for g in gathered]),
+        multimodal_offsets=counts("multimodal_offsets"),
+        multimodal_keys=tuple(chain.from_iterable(_pick(g[0].multimodal_keys, g[4]) for g in gathered)),
+        multimodal_encoder_indices=_concat([g[8][g[0].multimodal_encoder_indices[g[4]]] for g in gathered],
+                                           np.int64),
+        encoders=list(encoders),
+        multimodal_costs=cat("multimodal_costs", 4, np.float64),
+        placeholder_starts=cat("placeholder_starts", 4, np.uint64),
+        placeholder_ends=cat("placeholder_ends", 4, np.uint64),
+        multimodal_kinds=cat("multimodal_kinds", 4, np.int64),
+        multimodal_header_index=_header_index(has_header),
+        multimodal_headers=_merge_headers([(g[0].multimodal_headers, g[5][g[5] >= 0]) for g in gathered]),
+        scalar_offsets=counts("scalar_offsets"),
+        scalar_names=list(chain.from_iterable(_pick(g[0].scalar_names, g[6]) for g in gathered)),
+        scalar_values=cat("scalar_values", 6, np.float64),
+    )
