@@ -8,6 +8,10 @@ appends it only if the journal ends at the previous sequence, so a crash or a re
 record at its place or nothing, and never a record twice. A write whose reply is lost (a time-out, a dropped
 connection, Redis restarting) may or may not have happened: :class:`JournalOutcomeUnknown` says so, and the
 caller reads the journal's tail to find out before it changes anything else (see the servicer's ``_append``).
+
+A snapshot of the state after some record (``write_snapshot``) is stored next to the list, with the content
+fingerprints added since the previous snapshot as one more chunk, and the list drops the records it includes; one
+Lua script does all three, fenced like an append (see :mod:`.snapshot` and docs/failures.md).
 """
 
 from __future__ import annotations
