@@ -41,6 +41,13 @@ DEFAULT_MUTATION_WAIT = 10.0  # seconds a mutating call waits for the lock befor
 SETTLE_BACKOFF = (0.05, 1.0)  # seconds between reads of the journal's tail while Redis does not answer
 
 
+def stored_fingerprints(stored: StoredSnapshot | None) -> StoredFingerprints:
+    if stored is None:
+        return StoredFingerprints()
+    snapshot = snapshot_pb2.AdmissionSnapshot.FromString(stored.state)
+    return StoredFingerprints(chunks=snapshot.fingerprint_chunks, count=snapshot.fingerprint_count)
+
+
 class JournaledCommits:
     """The lock every change holds, and the journal position the ledger has reached."""
 
@@ -110,10 +117,7 @@ class JournaledCommits:
         self._snapshot_sequence = sequence
         try:
             if self._stored is None:  # an earlier attempt's outcome is unknown: see what is stored
-                stored = await self._journal.read_snapshot()
-                self._stored = StoredFingerprints() if stored is None else StoredFingerprints(
-                    chunks=(header := snapshot_pb2.AdmissionSnapshot.FromString(stored.state)).fingerprint_chunks,
-                    count=header.fingerprint_count)
+                self._stored = stored_fingerprints(await self._journal.read_snapshot())
             snapshot = snapshot_of(self._ledger, sequence, self._stored)
             chunk = b"" if snapshot.new_chunk is None else snapshot.new_chunk.SerializeToString()
             await self._journal.write_snapshot(sequence, snapshot.state.SerializeToString(), self._stored.chunks,
