@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import itertools
 import random
+import signal
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 from knittrans.admission.service.journal import FenceViolation, JournalFenced, RedisJournal
 from knittrans.client.admission import AdmissionClient, ReportOutcome
 from knittrans.client.connection import ConnectionSettings, open_channel
+from knittrans.errors import KnitTransError
 from knittrans.store.factory import open_store
 from knittrans.store.hashing import content_hash
 from knittrans.store.protocol import UnitWrite
@@ -211,3 +213,54 @@ def test_kill_9_around_snapshots_matches_a_run_without_snapshots(tmp_path: Path,
     finally:
         reference_channel.close()
         reference.kill()
+
+
+def test_redis_stalled_around_snapshots_loses_and_duplicates_nothing(tmp_path: Path, redis_server) -> None:
+    """Snapshots every two records while Redis stalls past the service's time-out: writes (snapshots included)
+    whose outcome is unknown are found out before anything else changes, and a kill -9 afterwards restarts on a
+    snapshot and tail that hold every acknowledged trajectory, each admitted at most once."""
+    job = f"snapstall{next(_jobs)}"
+    config = tmp_path / "admission.yaml"
+    config.write_text(yaml.safe_dump({
+        "job": job, "state": redis_server.url, "snapshot_every_records": 2, "redis_timeout_seconds": 1.0,
+        "mutation_wait_seconds": 2.0,
+        "engine": {"train_batch_size": 4, "num_minibatches": 2, "sources": SOURCES, "max_batches_ahead": None},
+        "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 4096}},
+        "server": {"port": 0, "metrics": {"port": -1}},
+    }))
+    acknowledged: list[str] = []
+    sent = 0
+    service = ServiceProcess(config, tmp_path)
+    with AdmissionClient(service.address) as client:
+        for round_index in range(12):
+            if round_index == 4:
+                redis_server.process.send_signal(signal.SIGSTOP)
+                threading.Timer(2.5, redis_server.process.send_signal, (signal.SIGCONT,)).start()
+            metas = [make_meta(sent + k, source="AB"[k % 2]) for k in range(2)]
+            sent += 2
+            try:
+                client.report(metas)
+                acknowledged.extend(m.trajectory_id for m in metas)
+            except KnitTransError:  # UNAVAILABLE while Redis stalls: not acknowledged, retried below
+                pass
+    time.sleep(3.0)  # Redis resumed
+    service.kill()
+    service = ServiceProcess(config, tmp_path)
+    try:
+        with AdmissionClient(service.address) as client:
+            outcomes = {r.trajectory_id: r.outcome for r in client.report(
+                [make_meta(i, source="AB"[i % 2]) for i in range(sent)])}
+            assert all(outcomes[t] is ReportOutcome.DUPLICATE for t in acknowledged)
+            status = client.status()
+            admitted = status.train_batch_index * status.num_minibatches + status.minibatch_index
+            ids: list[str] = []
+            for assignment in client.watch_assignments(CONSUMER):
+                ids.extend(assignment.trajectory_ids)
+                if assignment.sequence == admitted:
+                    break
+            assert len(ids) == len(set(ids)) == status.admitted_total
+            assert status.pool_size + status.admitted_total == sent
+        assert "restored the snapshot" in (tmp_path / "service.log").read_text()
+        assert len(acknowledged) > 8
+    finally:
+        service.kill()
