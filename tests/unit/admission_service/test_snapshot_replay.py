@@ -250,7 +250,8 @@ def observed(ledger: AdmissionLedger, now: float) -> tuple:
     return (
         {t: live(t) for t in ledger._rows},
         {t: ledger.fingerprint_of(t) for t in sorted(ledger._digests.keys() | ledger._rows.keys())},
-        sorted(ledger.index.entries(), key=lambda e: e.trajectory_id), sorted((k, ledger.index.refcount(k)) for k in ledger.index.live_keys()),
+        sorted(ledger.index.entries(), key=lambda e: e.trajectory_id),
+        sorted((k, ledger.index.refcount(k)) for k in ledger.index.live_keys()),
         {t: ledger.index.reservation(t) for t in (f"t{i}" for i in range(100, 105))},
         dict(ledger.media), ledger.schema,
         status, [q.keys[q.head:] for q in view.pool.queues], sorted(view.pool.units.items()), list(view.filtered),
