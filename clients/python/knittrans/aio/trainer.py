@@ -43,6 +43,7 @@ class AsyncTrainerClient:
         self._client = TrainerClient(settings, progress=progress)
         # One thread steps the iterators: their steps never run concurrently, and always on the same thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"knittrans-aio-tp{settings.tp_rank}")
+        self._closed = False
 
     @property
     def sync(self) -> TrainerClient:
@@ -62,8 +63,10 @@ class AsyncTrainerClient:
         return await asyncio.wrap_future(self._thread.submit(function))
 
     def call_later(self, function: Callable[[], object]) -> None:
-        """``function()`` on the client's thread, after the steps before it, without waiting for it."""
-        self._thread.submit(function)
+        """``function()`` on the client's thread, after the steps before it, without waiting for it; nothing once
+        the client is closed (an iterator finalised after :meth:`close` has nothing left to release)."""
+        if not self._closed:
+            self._thread.submit(function)
 
     async def step(self, iterator: Iterator[T]) -> T | None:
         """The iterator's next item (None at its end), taken on the client's thread."""
@@ -84,6 +87,9 @@ class AsyncTrainerClient:
         return await asyncio.to_thread(self._client.status, timeout=timeout)
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         # Not on the client's thread: a step may be blocked there until the prefetcher is stopped.
         await asyncio.to_thread(self._client.close)
         self._thread.shutdown(wait=False)
