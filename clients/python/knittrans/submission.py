@@ -12,6 +12,7 @@ runs each blocking store call in an executor, off the event loop.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -65,9 +66,9 @@ async def store_and_report(
         raise
     try:
         results = await io.report(metas)
-    except InvalidArgument:
+    except InvalidArgument as rejection:
         await discard_rejected(metas, io)
-        raise
+        raise _rejected(rejection, metas) from rejection
     conflicts = [r for r in results or () if r.outcome is ReportOutcome.CONFLICT]
     if conflicts:  # the units under that id belong to its first report: nothing to remove
         raise Conflict(conflicts[0].reason or "reported before with other content",
@@ -88,6 +89,17 @@ async def discard_rejected(metas: Sequence[TrajectoryMeta], io: SubmitIO) -> Non
             await io.cancel_reservations(reserved)
         except Exception:  # the rejection is what the caller sees; a held reservation only delays a delete
             logger.exception("could not cancel the reservations of %d rejected trajectories", len(reserved))
+
+
+def _rejected(rejection: InvalidArgument, metas: Sequence[TrajectoryMeta]) -> InvalidArgument:
+    """The service's rejection in the submit's terms: which trajectory, and the submit argument at fault (the
+    service names ``trajectories[i].source``; the caller passed ``source``), as the batching reporter says it."""
+    match = re.fullmatch(r"trajectories\[(\d+)\](?:\.(.+))?", rejection.field or "")
+    if match is None or int(match.group(1)) >= len(metas):
+        return rejection
+    trajectory_id = metas[int(match.group(1))].trajectory_id
+    return InvalidArgument(f"the admission service rejected trajectory {trajectory_id!r}: {rejection.message}; "
+                           "its units were removed from the store", field=match.group(2))
 
 
 async def _write(writes: Sequence[UnitWrite], io: SubmitIO, batch_bytes: int) -> None:
