@@ -69,10 +69,14 @@ async def main() -> None:
             policy_version = (await admission.status()).policy_version
             rollout = AsyncRolloutClient(store, namespace="example", reporter=admission)
             slots = asyncio.Semaphore(args.concurrency)
-            await asyncio.gather(*(
+            # A server lets every request finish, whatever another one's submit raised.
+            outcomes = await asyncio.gather(*(
                 serve_request(rollout, i, sources=args.sources.split(","), policy_version=policy_version,
                               slots=slots)
-                for i in range(args.count)))
+                for i in range(args.count)), return_exceptions=True)
+            failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+            if failures:
+                raise failures[0]
             status = await admission.status()  # every submit was reported when it returned
             print(f"admission: pool {status.pool_size}, admitted {status.admitted_total}, "
                   f"waiting: {status.blocking_reason}")
