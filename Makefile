@@ -60,9 +60,10 @@ proto: venv
 # Checked with mypy --strict (config in pyproject.toml): the pure cores and the whole SDK (clients/python).
 # tests/unit/core/test_types.py reads this list and checks that it names every SDK module.
 TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing \
-  knittrans.addresses knittrans.cli knittrans.client knittrans.config knittrans.errors knittrans.job knittrans.launch \
-  knittrans.packed knittrans.plan knittrans.retry knittrans.rollout knittrans.shm knittrans.store \
-  knittrans.tensor_names knittrans.train knittrans.trainer knittrans.types knittrans.wire
+  knittrans.addresses knittrans.aio knittrans.blocking knittrans.cli knittrans.client knittrans.config \
+  knittrans.errors knittrans.job knittrans.launch knittrans.packed knittrans.plan knittrans.retry knittrans.rollout \
+  knittrans.shm knittrans.store knittrans.submission knittrans.tensor_names knittrans.train knittrans.trainer \
+  knittrans.types knittrans.wire
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -87,3 +87,34 @@ def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config
         assert "admission: pool 8" in rollout.stdout  # all accepted; a train batch of 256 is far away
     finally:
         group.stop_all()
+
+
+def test_the_async_rollout_example_submits_concurrently_and_a_rejected_submit_leaves_nothing(tmp_path: Path) -> None:
+    """examples/integration/async_rollout.py, as its docstring runs it, against the shipped quick-start config (the
+    job renamed, on a free port and a store of its own): first with a source the job lacks, then as is."""
+    config = yaml.safe_load((EXAMPLES / "admission.yaml").read_text())
+    config["job"] = f"aex{uuid.uuid4().hex[:6]}"
+    units = tmp_path / "units"
+    store = f"file://{units}"
+    config["store"] = store
+    config["server"] = {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}}
+    (tmp_path / "admission.yaml").write_text(yaml.safe_dump(config))
+    group = ProcessGroup(tmp_path / "logs")
+    try:
+        admission = group.start("admission", [sys.executable, "-m", "knittrans.cli", "admission", "serve",
+                                              "--config", str(tmp_path / "admission.yaml"),
+                                              "--ready-file", str(tmp_path / "a.json")])
+        address = group.wait_ready(admission, tmp_path / "a.json")["address"]
+        command = [sys.executable, str(EXAMPLES / "async_rollout.py"), "--admission", address, "--store", store]
+        rejected = subprocess.run([*command, "--sources", "poetry"], capture_output=True, text=True, timeout=120)
+        assert rejected.returncode != 0
+        assert "InvalidArgument" in rejected.stderr and "source" in rejected.stderr, rejected.stderr[-2000:]
+        assert [p for p in units.rglob("*") if p.is_file()] == []  # nothing of the rejected submits stays
+        rollout = subprocess.run([*command, "--count", "8", "--concurrency", "4"], capture_output=True, text=True,
+                                 timeout=120)
+        assert rollout.returncode == 0, rollout.stderr
+        assert rollout.stdout.count("submitted async-example-") == 8
+        assert "admitted 8" in rollout.stdout
+        group.check()
+    finally:
+        group.stop_all()

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from knittrans.client.connection import UNARY_RETRY, ConnectionSettings, error_from_rpc
+from knittrans.client.connection import RETRYABLE_CODES, UNARY_RETRY, ConnectionSettings, error_from_rpc
 from knittrans.client.model import (
     DEFAULT_DEADLINE,
     AdmissionStatus,
@@ -45,7 +45,7 @@ from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_to_proto
 
-DEFAULT_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+DEFAULT_RETRY_CODES = RETRYABLE_CODES  # the SDK's one set (knittrans.client.connection)
 
 
 class AsyncAdmissionClient:
@@ -63,6 +63,8 @@ class AsyncAdmissionClient:
     ) -> None:
         self.connection = ConnectionSettings(target=connection) if isinstance(connection, str) else connection
         self._deadline = deadline
+        self.retry_policy = retry
+        self.retry_codes = retry_codes
         self._transport = transport(self.connection, retry, retry_codes)
 
     async def close(self) -> None:

@@ -43,6 +43,10 @@ class MicroBatch:
     def tensors(self) -> dict[str, Any]:
         return self._staged.tensors
 
+    @property
+    def staged(self) -> Staged:
+        return self._staged
+
     def __getitem__(self, name: str) -> Any:
         try:
             return self._staged.tensors[name]

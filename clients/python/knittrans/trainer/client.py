@@ -153,6 +153,12 @@ class TrainerClient:
             admitted_trajectory_ids=tuple(response.admission.trajectory_ids),
         )
 
+    def ready_on_this_thread(self, micro: MicroBatch) -> None:
+        """Make this thread's current CUDA stream wait for the micro-batch's staged copy (a no-op on CPU). The
+        iterator does it on the thread that iterates; code that uses the tensors on another thread (the asyncio
+        client, :class:`~knittrans.aio.AsyncTrainerClient`) calls this there."""
+        self._ready_for_use(micro.staged)
+
     def close(self) -> None:
         if self._prefetcher is not None:
             self._prefetcher.stop()

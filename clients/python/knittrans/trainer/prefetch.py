@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from knittrans.client.connection import error_from_rpc
+from knittrans.client.connection import RETRYABLE_CODES, error_from_rpc
 from knittrans.errors import DeadlineExceeded, FailedPrecondition, KnitTransError, MiniBatchFailed, Unavailable
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.batches import Staged
@@ -28,10 +28,9 @@ from knittrans.v1 import reorg_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-# A sidecar that stops cancels the calls in flight (CANCELLED): like UNAVAILABLE, the sidecar is gone for now, and
-# it is an error only once it has not answered for sidecar_timeout_seconds. (Our own cancellations end the fetch
-# loop before this is consulted.)
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# The SDK's retry rules (RETRYABLE_CODES): a sidecar that stops cancels the calls in flight (CANCELLED): like
+# UNAVAILABLE, the sidecar is gone for now, and it is an error only once it has not answered for
+# sidecar_timeout_seconds. (Our own cancellations end the fetch loop before this is consulted.)
 _SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 _END = object()
@@ -170,7 +169,7 @@ class Prefetcher:
             except grpc.RpcError as error:
                 if self._stop.is_set():
                     return
-                if error.code() not in _RETRYABLE:
+                if error.code() not in RETRYABLE_CODES:
                     raise error_from_rpc(error) from None
                 delay = unreachable.next_delay()
                 if delay is None:

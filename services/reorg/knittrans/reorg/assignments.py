@@ -27,11 +27,10 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Protocol
 
-import grpc
 from grpc import aio
 
 from knittrans.client.aio import AsyncAdmissionClient
-from knittrans.client.connection import ConnectionSettings, error_from_rpc
+from knittrans.client.connection import RETRYABLE_CODES, ConnectionSettings, error_from_rpc
 from knittrans.client.model import ConsumerFailure, ProgressStage, Registration, VerdictState
 from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
@@ -49,8 +48,6 @@ from knittrans.wire import within
 
 logger = logging.getLogger(__name__)
 
-_RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                              grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,8 +292,8 @@ class AdmissionAssignmentSource:
                  settings: WatchSettings | None = None) -> None:
         self._consumer = consumer
         self._settings = settings or WatchSettings()
-        self._client = AsyncAdmissionClient(connection, deadline=self._settings.deadline,
-                                            retry=self._settings.retry, retry_codes=_RETRYABLE_CODES)
+        # The SDK's admission client and its retry rules; only the back-off's bounds are the sidecar's.
+        self._client = AsyncAdmissionClient(connection, deadline=self._settings.deadline, retry=self._settings.retry)
         self._received = 0  # the last sequence yielded: resume point after a reconnect
         self._registered = False
 
@@ -341,7 +338,7 @@ class AdmissionAssignmentSource:
                 if not await backoff.sleep_async():
                     raise Unavailable("the admission service keeps closing the assignment stream")
             except aio.AioRpcError as error:
-                if error.code() not in _RETRYABLE_CODES:
+                if error.code() not in RETRYABLE_CODES:
                     raise error_from_rpc(error) from None
                 logger.info("assignment stream broke (%s); reconnecting after sequence %d",
                             error.code().name, self._received)
