@@ -25,9 +25,11 @@ Splitting:
 A trajectory relies on a multimodal unit from the moment its write finds the unit present, not from its
 report: were a sibling's release to delete the unit in between, the trajectory would be admitted without
 its image. So when the reporter can reserve units (:class:`UnitReserver`; the admission client and
-:class:`~knittrans.client.reporter.BatchingReporter` can), ``submit`` reserves a trajectory's multimodal
-units with the admission service before writing them, and the report takes the reservation over. A reporter
-that reports by other means must reserve the same way (the ``ReserveUnits`` RPC) before writing.
+:class:`~knittrans.client.reporter.BatchingReporter` can), ``submit`` reserves all of a trajectory's units
+(its own and the multimodal ones) with the admission service before writing them, and the report takes the
+reservation over. A reporter that reports by other means must reserve the same way (the ``ReserveUnits`` RPC)
+before writing. A reservation never taken over (the worker died between writing and reporting) expires after
+the service's ``unreported_unit_ttl_seconds``, and the service deletes its units then.
 
 Everything is validated before the first byte is written. If the store fails part-way, the units this
 call created are removed again (multimodal units excepted: a sibling trajectory may already reference

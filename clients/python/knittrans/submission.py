@@ -83,7 +83,7 @@ async def discard_rejected(metas: Sequence[TrajectoryMeta], io: SubmitIO) -> Non
     if keys:
         await io.delete_many(keys)
         logger.info("removed %d units of %d rejected trajectories", len(keys), len(metas))
-    reserved = [meta.trajectory_id for meta in metas if meta.multimodal]
+    reserved = [meta.trajectory_id for meta in metas if meta.multimodal or meta.units]
     if reserved:
         try:
             await io.cancel_reservations(reserved)

@@ -75,9 +75,10 @@ def wait_ready(process: Process, ready_file: Path, timeout: float = 30.0) -> Pro
 
 
 def start_admission(directory: Path, *, job: str, store: str, topology: dict, train_batch_size: int,
-                    num_minibatches: int) -> Process:
+                    num_minibatches: int, settings: dict | None = None) -> Process:
     config = directory / "admission.yaml"
     config.write_text(yaml.safe_dump({
+        **(settings or {}),
         "job": job,
         "store": store,
         "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches, "sources": {"A": 0.5}},
@@ -91,9 +92,11 @@ def start_admission(directory: Path, *, job: str, store: str, topology: dict, tr
 
 
 def start_sidecar(directory: Path, *, job: str, store: str, admission: str, dp_rank: int, cp_rank: int,
-                  slots: int = 3, generation: int = 0, role: str = "backbone") -> Process:
+                  slots: int = 3, generation: int = 0, role: str = "backbone", settings: dict | None = None
+                  ) -> Process:
     config = directory / "reorg.yaml"
-    config.write_text(yaml.safe_dump({"job": job, "store": store, "server": {"metrics": {"port": -1}}}))
+    config.write_text(yaml.safe_dump({"job": job, "store": store, "server": {"metrics": {"port": -1}},
+                                      **(settings or {})}))
     name = f"reorg-{role.replace(':', '-')}-dp{dp_rank}-cp{cp_rank}-g{generation}"
     ready = directory / f"{name}.ready"
     process = spawn(name, [KNITTRANS, "reorg", "serve", "--config", str(config), "--role", role,

@@ -190,7 +190,7 @@ def report_results(request: pb.ReportTrajectoriesRequest, response: pb.ReportTra
 
 def reservations_to_proto(reservations: Sequence[UnitReservation]) -> list[pb.UnitReservation]:
     return [pb.UnitReservation(trajectory_id=r.trajectory_id, sample_id=r.sample_id,
-                               multimodal_keys=list(r.multimodal_keys))
+                               multimodal_keys=list(r.multimodal_keys), unit_keys=list(r.unit_keys))
             for r in reservations]
 
 

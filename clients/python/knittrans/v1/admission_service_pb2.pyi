@@ -267,22 +267,26 @@ class WaitMiniBatchVerdictResponse(_message.Message):
     def __init__(self, verdict: _Optional[_Union[MiniBatchVerdict, str]] = ..., failure: _Optional[_Union[ConsumerFailure, _Mapping]] = ..., waiting_for: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ...) -> None: ...
 
 class UnitReservation(_message.Message):
-    __slots__ = ("trajectory_id", "sample_id", "multimodal_keys")
+    __slots__ = ("trajectory_id", "sample_id", "multimodal_keys", "unit_keys")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     MULTIMODAL_KEYS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_KEYS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     sample_id: str
     multimodal_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., multimodal_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    unit_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., unit_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReserveUnitsRequest(_message.Message):
-    __slots__ = ("request_id", "reservations")
+    __slots__ = ("request_id", "reservations", "expires_at")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     reservations: _containers.RepeatedCompositeFieldContainer[UnitReservation]
-    def __init__(self, request_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[UnitReservation, _Mapping]]] = ...) -> None: ...
+    expires_at: float
+    def __init__(self, request_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[UnitReservation, _Mapping]]] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class ReserveUnitsResponse(_message.Message):
     __slots__ = ("reserved",)

@@ -159,10 +159,11 @@ class AdmissionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReserveUnits(self, request, context):
-        """Reserves the multimodal units that trajectories are about to reference, before their rollout writes
+        """Reserves the units that trajectories are about to reference, before their rollout writes
         them (or finds them already stored by a sibling and skips the write). A reserved unit counts as
         referenced until the trajectory is reported (the report takes the reservation over) or the reservation
-        is cancelled, so no release can delete a shared unit between a sibling's write and its report. If a
+        is cancelled or expires (unreported_unit_ttl_seconds after it was made: its units are then deleted), so no
+        release can delete a shared unit between a sibling's write and its report. If a
         reserved unit is being deleted right now, the call returns once the deletion is done, so the write that
         follows stores it again. Idempotent by trajectory id; a reservation of a trajectory that was already
         reported changes nothing.

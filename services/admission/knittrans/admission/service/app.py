@@ -108,6 +108,7 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
         delete_keys=partial(delete_and_wait, store) if store is not None else None,
         delete_batch_size=settings.delete_batch_size,
         mutation_wait_seconds=settings.mutation_wait_seconds,
+        unreported_unit_ttl_seconds=settings.unreported_unit_ttl_seconds,
     )
     await servicer.recover()
 

@@ -25,10 +25,12 @@ from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
 from knittrans.admission.engine.decisions import BlockingReason, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.expiry import ReservationExpiry
 from knittrans.admission.service.index import UnitIndex
 from knittrans.admission.service.ingest.report import Classified, check_keys, check_media, replayed_report
 from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
 from knittrans.admission.service.records import admit_of, drop_of, failure_consumer, wait_of
+from knittrans.admission.service.reservation_records import apply_cancelled, apply_reserved
 from knittrans.admission.service.schema import JobSchema, schema_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition, InvalidArgument
@@ -37,7 +39,6 @@ from knittrans.types import (
     ENCODER_ROLE_PREFIX,
     AdmissionUnit,
     ConsumerId,
-    SampleId,
     Topology,
     TrajectoryId,
     UnitKey,
@@ -144,6 +145,7 @@ class AdmissionLedger:
         # Multimodal input key -> how its references describe it, while any trajectory holds the input.
         self._media: dict[str, tuple] = {}
         self.index = UnitIndex()
+        self.expiry = ReservationExpiry()  # when unreported reservations lapse, and their trajectories' own units
         self.minibatches: dict[int, AdmittedMiniBatch] = {}
         self.next_sequence = 1
         self.acknowledged: dict[ConsumerId, int] = dict.fromkeys(self.consumers, 0)
@@ -223,8 +225,9 @@ class AdmissionLedger:
         self._rows.update(zip(selected, range(base, base + len(rows)) if whole else [base + i for i in rows],
                               strict=True))
         self.index.add_checked(checked)
+        self.expiry.take_over(selected)
         if self.pending_deletes:
-            self._revive(checked.flat_media)
+            self.revive(checked.flat_media)
         self.engine.add_many(
             PoolEntries(
                 trajectory_ids=selected,
@@ -335,24 +338,16 @@ class AdmissionLedger:
         return Applied(decided=sequence)
 
     def _apply_reserved(self, record: journal_pb2.JournalRecord) -> Applied:
-        for reservation in record.reserved.reservations:
-            trajectory_id = TrajectoryId(reservation.trajectory_id)
-            if self.is_reported(trajectory_id):
-                continue  # a retried submit whose report already arrived: the report holds the units
-            keys = [UnitKey(key) for key in reservation.multimodal_keys]
-            if self.index.reserve(trajectory_id, SampleId(reservation.sample_id), keys):
-                self._revive(keys)
+        apply_reserved(self, record)
         return Applied()
 
     def _apply_reservations_cancelled(self, record: journal_pb2.JournalRecord) -> Applied:
-        freed = self.index.cancel_reservations(
-            TrajectoryId(t) for t in record.reservations_cancelled.trajectory_ids)
-        for key in freed:
-            self.pending_deletes[key] = None
-            self._media.pop(key, None)
-        return Applied(freed_keys=freed)
+        return Applied(freed_keys=apply_cancelled(self, record))
 
-    def _revive(self, keys: Iterable[UnitKey]) -> None:
+    def media_forget(self, key: UnitKey) -> None:
+        self._media.pop(key, None)
+
+    def revive(self, keys: Iterable[UnitKey]) -> None:
         """Keys referenced again before their deletion began are not deleted: the deleter skips keys that are
         no longer pending. (A reservation of a key whose deletion is under way waits for it to end, so that
         the rollout's write that follows stores the unit again.)"""

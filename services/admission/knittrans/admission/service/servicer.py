@@ -22,6 +22,7 @@ from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
+from knittrans.admission.service import reservation_gc
 from knittrans.admission.service.gc_pacing import collect_young_objects
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
@@ -72,8 +73,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         delete_keys: Callable[[list[str]], None] | None = None,
         delete_batch_size: int = 1024,
         mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
+        unreported_unit_ttl_seconds: float = reservation_gc.DEFAULT_UNREPORTED_UNIT_TTL,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self._unit_ttl = unreported_unit_ttl_seconds
         self._ledger = ledger
         self._journal = journal
         self._metrics = metrics
@@ -125,6 +128,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     def start_background(self) -> None:
         self._background.append(asyncio.create_task(self._delete_released(), name="delete-released"))
         self._background.append(asyncio.create_task(self._tick_gauges(), name="gauges"))
+        self._background.append(asyncio.create_task(reservation_gc.collect_expired(
+            ledger=self._ledger, mutating=self._commits.mutating, commit=self._commit, clock=self._clock,
+            ttl_seconds=self._unit_ttl), name="expire-reservations"))
 
     async def close(self) -> None:
         self._closed = True
@@ -400,7 +406,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             return pb.AdvanceVersionResponse(version=ledger.version)
 
     async def ReserveUnits(self, request: pb.ReserveUnitsRequest, context: aio.ServicerContext):
-        wanted = {key for reservation in request.reservations for key in reservation.multimodal_keys}
+        wanted = {key for r in request.reservations for key in (*r.multimodal_keys, *r.unit_keys)}
         while True:
             async with self._commits.mutating():
                 if self._deleting.isdisjoint(wanted):
@@ -411,7 +417,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                         for r in request.reservations
                     )
                     if new:
-                        await self._commit(journal_pb2.JournalRecord(at=self._clock(), reserved=request))
+                        now = self._clock()
+                        reserved = reservation_gc.stamped(request, now, self._unit_ttl)  # expires_at, absolute
+                        await self._commit(journal_pb2.JournalRecord(at=now, reserved=reserved))
                     return pb.ReserveUnitsResponse(reserved=new)
                 ended = self._deletion_ended
             # A unit being deleted now may be gone or not when the deletion ends: wait, so that the caller's write

@@ -21,7 +21,9 @@ class AdmissionServiceSettings:
     wait until the journal's tail is read. ``mutation_wait_seconds`` is how long a mutating call waits for its
     turn (during such a wait, or behind other calls) before it fails UNAVAILABLE. ``lease_ttl_seconds`` is how long
     the job's lease in Redis outlives its last renewal: a service of the job that died on another machine is
-    replaced at most this long after (see job_lease)."""
+    replaced at most this long after (see job_lease). ``unreported_unit_ttl_seconds`` is how long a reservation of
+    units outlives its trajectory's missing report: then its units are deleted (a rollout that died between
+    writing and reporting; see expiry)."""
 
     engine: EngineConfig
     topology: Topology
@@ -35,6 +37,7 @@ class AdmissionServiceSettings:
     redis_timeout_seconds: float = 10.0
     mutation_wait_seconds: float = 10.0
     lease_ttl_seconds: float = 20.0
+    unreported_unit_ttl_seconds: float = 600.0
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
 
     def __post_init__(self) -> None:
@@ -48,5 +51,7 @@ class AdmissionServiceSettings:
         for name in ("redis_timeout_seconds", "mutation_wait_seconds", "lease_ttl_seconds"):
             if not 0 < getattr(self, name) <= 3600:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)
+        if not 0 < self.unreported_unit_ttl_seconds <= 7 * 86400:
+            raise InvalidArgument("must be in (0, 604800] seconds", field="unreported_unit_ttl_seconds")
         if not self.label_fields:
             raise InvalidArgument("name at least one field that labels come from", field="label_fields")
