@@ -40,7 +40,7 @@ test: sysdeps venv
 	$(PY) -m pytest -q -m "not container"
 
 # Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result.
-BENCHMARKS := admission_engine planner simulate store admission_service admission_client encoder_dedup transfer
+BENCHMARKS := admission_engine planner simulate store admission_service admission_client rollout_submit encoder_dedup transfer
 bench: sysdeps venv
 	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
 	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done
