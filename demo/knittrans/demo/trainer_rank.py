@@ -141,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     pieces_file = open(out / f"received-rank{rank}.jsonl", "a")
     encoder_minis = encoder.mini_batches() if encoder is not None else None
     waiting_since = time.time()  # wall clock, comparable with the service's admission times
+    # Sequences count mini-batches from 1. A restarted job ends at the last one even if a step in between never
+    # came back (its data was released before the checkpoint covered it): the oracle names what was lost, where
+    # counting applied steps would wait for a mini-batch that never comes.
+    done = restored is not None and restored >= run.steps
     try:
-        for mini in backbone.mini_batches():
+        for mini in ([] if done else backbone.mini_batches()):
             encoder_mini = next(encoder_minis) if encoder_minis is not None else None
             if restored is not None and mini.sequence <= restored:
                 continue  # applied before the restart: the checkpoint holds it
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
                                 "planned": list(mini.context.admitted_trajectory_ids)})
                 applied += 1
-                if applied >= run.steps:
+                if applied >= run.steps or mini.sequence >= run.steps:
                     break
                 continue
             step = applied
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             mini.complete()
             if encoder_mini is not None:
                 encoder_mini.complete()
-            if applied >= run.steps:
+            if applied >= run.steps or (history is not None and mini.sequence >= run.steps):
                 break
             waiting_since = time.time()
     finally:
