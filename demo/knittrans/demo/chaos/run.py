@@ -211,7 +211,8 @@ def _run_holding(settings: DemoSettings, job: str, out: Path) -> ChaosReport:
             time.sleep(POLL_SECONDS)
         injector.stop()
         progress.end_line()
-        store_units = stack.wait_store_empty() or 0
+        # Released units leave after their read leases; a job that did not finish has units it will never release.
+        store_units = (stack.wait_store_empty() if finished else stack.mooncake_master.key_count()) or 0
     finally:
         if injector is not None:
             injector.stop()
