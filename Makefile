@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := redis-server libibverbs1 prometheus
 PROTO_OUT := clients/python
 
-.PHONY: demo test bench bench-multinode proto lint venv sysdeps clean image image-base image-sysdeps test-container
+.PHONY: demo chaos test bench bench-multinode proto lint venv sysdeps clean image image-base image-sysdeps test-container
 
 venv: $(STAMP)
 
@@ -34,6 +34,18 @@ sysdeps:
 
 demo: sysdeps venv
 	$(VENV)/bin/knittrans demo
+
+# The chaos test over many seeds (docs/failures.md, "Chaos test"); not part of `make test`. Each seed's JSON summary
+# and log go to chaos-out/; a failing seed reruns alone with the same command.
+SEEDS ?= $(shell seq 1 20)
+CHAOS_TARGETS ?= all
+chaos: sysdeps venv
+	@mkdir -p chaos-out; total=$(words $(SEEDS)); n=0; failed=""; for seed in $(SEEDS); do n=$$((n + 1)); \
+	  echo "== chaos seed $$seed ($$n/$$total)"; \
+	  $(VENV)/bin/knittrans demo --config examples/demo/chaos.yaml --chaos $$seed --chaos-targets $(CHAOS_TARGETS) \
+	    --out chaos-out/seed-$$seed > chaos-out/seed-$$seed.out 2> chaos-out/seed-$$seed.log || failed="$$failed $$seed"; \
+	  tail -n 1 chaos-out/seed-$$seed.out; done; \
+	if [ -n "$$failed" ]; then echo "chaos: seeds failed:$$failed"; exit 1; fi; echo "chaos: all $$total seeds passed"
 
 # The container tests run in `make test-container` (the image is built first), not here.
 test: sysdeps venv
