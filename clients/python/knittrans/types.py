@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import NewType
 
 from knittrans.errors import InvalidArgument
+from knittrans.values import NO_VALUES, TrajectoryValues
 
 TrajectoryId = NewType("TrajectoryId", str)
 SampleId = NewType("SampleId", str)
@@ -304,6 +305,7 @@ class TrajectoryMeta:
     accepted: bool = True
     scalars: tuple[tuple[str, float], ...] = ()
     finished_at: float = 0.0
+    values: TrajectoryValues = NO_VALUES  # integer and boolean scalars, metadata
 
     def __post_init__(self) -> None:
         check_id(self.trajectory_id, "trajectory_id")
@@ -337,6 +339,9 @@ class TrajectoryMeta:
                 raise InvalidArgument("placeholder lies outside the sequence", field=f"multimodal[{i}].placeholder")
         if not math.isfinite(self.finished_at):
             raise InvalidArgument("must be finite", field="finished_at")
+        for name, _ in (*self.values.int_scalars, *self.values.bool_scalars):
+            if name in dict(self.scalars):
+                raise InvalidArgument(f"scalar {name!r} has two kinds", field=f"values.{name}")
 
     @property
     def oldest_version(self) -> int:
