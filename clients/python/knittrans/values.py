@@ -129,14 +129,14 @@ class TrajectoryValues:
                     raise InvalidArgument(f"must be true or false, got {value!r}", field=f"values.{column}.{name}")
         total = 0
         names: set[str] = set()
-        for name, value in metadata:
+        for name, item in metadata:
             check_value_name(name, "values.metadata")
             if name in names:
                 raise InvalidArgument("appears twice", field=f"values.metadata.{name}")
             names.add(name)
-            if not isinstance(value, MetadataValue):
+            if not isinstance(item, MetadataValue):
                 raise InvalidArgument("must be a MetadataValue", field=f"values.metadata.{name}")
-            total += value.byte_length
+            total += item.byte_length
         if total > MAX_METADATA_BYTES:
             raise InvalidArgument(f"metadata of {total} bytes exceeds {MAX_METADATA_BYTES} per trajectory; store "
                                   "large values as a unit (a non-sequence field)", field="values.metadata")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from knittrans.errors import InvalidArgument, within
 from knittrans.v1 import trajectory_pb2
 from knittrans.values import NO_VALUES, MetadataKind, MetadataValue, TrajectoryValues
@@ -13,7 +15,9 @@ METADATA_KIND_OF_MEMBER: dict[str, MetadataKind] = {member: kind for kind, membe
 
 
 def metadata_value_to_proto(value: MetadataValue) -> trajectory_pb2.MetadataValue:
-    return trajectory_pb2.MetadataValue(**{METADATA_MEMBER[value.kind]: value.value})
+    message = trajectory_pb2.MetadataValue()
+    setattr(message, METADATA_MEMBER[value.kind], value.value)
+    return message
 
 
 def metadata_value_from_proto(message: trajectory_pb2.MetadataValue) -> MetadataValue:
@@ -31,9 +35,8 @@ def values_to_proto(values: TrajectoryValues) -> trajectory_pb2.TrajectoryValues
 
 
 def values_from_proto(message: trajectory_pb2.TrajectoryValues) -> TrajectoryValues:
-    metadata = []
-    for name, value in sorted(message.metadata.items()):
-        metadata.append((name, within(f"values.metadata.{name}", lambda v=value: metadata_value_from_proto(v))))
+    metadata = [(name, within(f"values.metadata.{name}", partial(metadata_value_from_proto, value)))
+                for name, value in sorted(message.metadata.items())]
     return TrajectoryValues(int_scalars=tuple(message.int_scalars.items()),
                             bool_scalars=tuple(message.bool_scalars.items()), metadata=tuple(metadata))
 
