@@ -75,9 +75,10 @@ def wait_ready(process: Process, ready_file: Path, timeout: float = 30.0) -> Pro
 
 
 def start_admission(directory: Path, *, job: str, store: str, topology: dict, train_batch_size: int,
-                    num_minibatches: int) -> Process:
+                    num_minibatches: int, schema: dict | None = None) -> Process:
     config = directory / "admission.yaml"
     config.write_text(yaml.safe_dump({
+        **({"schema": schema} if schema is not None else {}),
         "job": job,
         "store": store,
         "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches, "sources": {"A": 0.5}},

@@ -3,7 +3,7 @@
 Each trajectory's metadata values (``str``, ``bytes`` or JSON, see :mod:`knittrans.values`) travel inline with its
 report and assignment; the sidecar puts them in the micro-batch's descriptor, one entry per packed item, and the
 trainer reads them here as one column per name, aligned with ``MicroBatch.trajectory_ids`` (``None`` where an item
-lacks an optional value).
+lacks an optional value; a name no item of the micro-batch has is absent).
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class NonTensorBatch(Mapping[str, tuple[Any, ...]]):
             return self.columns[name]
         except KeyError:
             raise InvalidArgument(f"no metadata {name!r}; have {sorted(self.columns)}", field="name") from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The column, or ``default`` when no item of the micro-batch has this metadata."""
+        return self.columns.get(name, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.columns)
