@@ -87,3 +87,22 @@ def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config
         assert "admission: pool 8" in rollout.stdout  # all accepted; a train batch of 256 is far away
     finally:
         group.stop_all()
+
+
+def test_the_documented_schema_is_the_shipped_example_and_loads(tmp_path: Path) -> None:
+    """docs/integration.md's schema block is examples/integration/admission-schema.yaml's, verbatim, and the one
+    config loader builds it (unknown keys would be errors)."""
+    from knittrans.admission.service.settings import AdmissionServiceSettings
+    from knittrans.config import load_config
+    from knittrans.values import MetadataKind, ScalarKind
+
+    docs = (ROOT / "docs" / "integration.md").read_text()
+    blocks = re.findall(r"```yaml\n(schema:\n.*?)```", docs, re.DOTALL)
+    assert len(blocks) == 1
+    shipped = (EXAMPLES / "admission-schema.yaml").read_text()
+    assert blocks[0] in shipped
+    settings = load_config(AdmissionServiceSettings, path=EXAMPLES / "admission-schema.yaml", env={})
+    assert settings.schema is not None
+    assert settings.schema.scalars["num_turns"].kind is ScalarKind.INT
+    assert settings.schema.metadata["ground_truth"].kind is MetadataKind.JSON
+    assert yaml.safe_load(blocks[0])["schema"].keys() == {"token_fields", "fields", "scalars", "metadata"}
