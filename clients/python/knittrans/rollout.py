@@ -11,6 +11,9 @@ Splitting:
 * every array whose leading axis has length L is a per-token unit (sliceable by CP ranges), unless it
   is named in ``non_sequence_fields``; other arrays are non-sequence units, read whole;
 * Python numbers and 0-d arrays are scalars (reward, advantage, ...) and travel in the metadata;
+  ``int_scalars`` and ``bool_scalars`` are integer and boolean ones (packed as int64 and bool tensors), and
+  ``metadata`` maps names to ``str``, ``bytes`` or JSON-serialisable values (verl's ``uid``, ``data_source``,
+  ground truth): small values that reach the trainer beside each micro-batch (:mod:`knittrans.values`);
 * ``field_alignment`` says, for per-target fields (loss mask, log-probs, per-token advantages, ...), whether
   position t describes token t itself (``token``: verl's ``response_mask``, slime's ``loss_masks``) or the
   prediction of token t+1 (``label``). The trainer receives every such field label-aligned, like ``labels``
@@ -53,6 +56,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from numbers import Real
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -60,7 +64,8 @@ import numpy as np
 
 from knittrans.blocking import run_to_completion
 from knittrans.client.model import ReportResult
-from knittrans.errors import InvalidArgument
+from knittrans.errors import InvalidArgument, within
+from knittrans.reservations import UnitReservation
 from knittrans.store.arrays import is_tensor, to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
@@ -76,10 +81,10 @@ from knittrans.types import (
     UnitKey,
     UnitKind,
     UnitRef,
-    UnitReservation,
     VersionSegment,
     check_id,
 )
+from knittrans.values import MetadataValue, TrajectoryValues
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +147,9 @@ class Trajectory:
     fields: Mapping[str, Any]
     multimodal: Sequence[MultimodalInput] = ()
     scalars: Mapping[str, float] = field(default_factory=dict)
+    int_scalars: Mapping[str, int] = field(default_factory=dict)
+    bool_scalars: Mapping[str, bool] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # str, bytes, MetadataValue or JSON-serialisable
     accepted: bool = True
     finished_at: float | None = None
     tokens_field: str = "input_ids"
@@ -228,6 +236,9 @@ class RolloutClient:
         segments: Sequence[VersionSegment],
         multimodal: Sequence[MultimodalInput] = (),
         scalars: Mapping[str, float] | None = None,
+        int_scalars: Mapping[str, int] | None = None,
+        bool_scalars: Mapping[str, bool] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         accepted: bool = True,
         finished_at: float | None = None,
         tokens_field: str = "input_ids",
@@ -249,6 +260,9 @@ class RolloutClient:
             fields=fields,
             multimodal=multimodal,
             scalars=scalars or {},
+            int_scalars=int_scalars or {},
+            bool_scalars=bool_scalars or {},
+            metadata=metadata or {},
             accepted=accepted,
             finished_at=finished_at,
             tokens_field=tokens_field,
@@ -374,6 +388,7 @@ class RolloutClient:
             accepted=bool(trajectory.accepted),
             scalars=tuple(scalars.items()),
             finished_at=self._clock() if trajectory.finished_at is None else float(trajectory.finished_at),
+            values=_values(trajectory),
         )
         return _Split(meta=meta, writes=tuple(writes))
 
@@ -418,6 +433,24 @@ class RolloutClient:
         if alignments[name] is FieldAlignment.TOKEN:
             return int(np.count_nonzero(mask[1:]))  # token 0 is never a target
         return int(np.count_nonzero(mask[:-1]))  # the last position predicts nothing
+
+
+def _values(trajectory: Trajectory) -> TrajectoryValues:
+    """The trajectory's integer and boolean scalars and metadata, validated (numpy and torch numbers allowed)."""
+    ints, bools, metadata = [], [], []
+    for name, value in cast("Mapping[str, Any]", trajectory.int_scalars).items():
+        number = value.item() if is_tensor(value) or isinstance(value, np.generic) else value
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise InvalidArgument(f"must be an integer, got {type(value).__name__}", field=f"int_scalars.{name}")
+        ints.append((name, number))
+    for name, value in cast("Mapping[str, Any]", trajectory.bool_scalars).items():
+        flag = value.item() if is_tensor(value) or isinstance(value, np.generic) else value
+        if not isinstance(flag, bool):
+            raise InvalidArgument(f"must be a bool, got {type(value).__name__}", field=f"bool_scalars.{name}")
+        bools.append((name, flag))
+    for name, value in trajectory.metadata.items():
+        metadata.append((name, within(f"metadata.{name}", partial(MetadataValue.of, value))))
+    return TrajectoryValues(int_scalars=tuple(ints), bool_scalars=tuple(bools), metadata=tuple(metadata))
 
 
 def _is_scalar(value: Any) -> bool:

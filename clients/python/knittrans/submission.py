@@ -18,8 +18,9 @@ from typing import Protocol
 
 from knittrans.client.model import ReportOutcome, ReportResult
 from knittrans.errors import Conflict, InvalidArgument
+from knittrans.reservations import UnitReservation
 from knittrans.store.protocol import UnitWrite
-from knittrans.types import TrajectoryId, TrajectoryMeta, UnitKey, UnitReservation
+from knittrans.types import TrajectoryId, TrajectoryMeta, UnitKey
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,11 @@ import pytest
 from knittrans.admission.service.app import start_admission_service
 from knittrans.client.admission import AdmissionClient, ProgressStage
 from knittrans.errors import InvalidArgument, StoreError
+from knittrans.reservations import UnitReservation
 from knittrans.rollout import MultimodalInput, RolloutClient
 from knittrans.store.factory import open_store
 from knittrans.store.protocol import UnitRead
-from knittrans.types import TokenSpan, TrajectoryId, TrajectoryMeta, UnitReservation, VersionSegment
+from knittrans.types import TokenSpan, TrajectoryId, TrajectoryMeta, VersionSegment
 
 from .builders import service_settings
 from .test_admission_service import CONSUMERS

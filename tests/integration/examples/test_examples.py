@@ -118,3 +118,22 @@ def test_the_async_rollout_example_submits_concurrently_and_a_rejected_submit_le
         group.check()
     finally:
         group.stop_all()
+
+
+def test_the_documented_schema_is_the_shipped_example_and_loads(tmp_path: Path) -> None:
+    """docs/integration.md's schema block is examples/integration/admission-schema.yaml's, verbatim, and the one
+    config loader builds it (unknown keys would be errors)."""
+    from knittrans.admission.service.settings import AdmissionServiceSettings
+    from knittrans.config import load_config
+    from knittrans.values import MetadataKind, ScalarKind
+
+    docs = (ROOT / "docs" / "integration.md").read_text()
+    blocks = re.findall(r"```yaml\n(schema:\n.*?)```", docs, re.DOTALL)
+    assert len(blocks) == 1
+    shipped = (EXAMPLES / "admission-schema.yaml").read_text()
+    assert blocks[0] in shipped
+    settings = load_config(AdmissionServiceSettings, path=EXAMPLES / "admission-schema.yaml", env={})
+    assert settings.schema is not None
+    assert settings.schema.scalars["num_turns"].kind is ScalarKind.INT
+    assert settings.schema.metadata["ground_truth"].kind is MetadataKind.JSON
+    assert yaml.safe_load(blocks[0])["schema"].keys() == {"token_fields", "fields", "scalars", "metadata"}

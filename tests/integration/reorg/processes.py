@@ -75,10 +75,11 @@ def wait_ready(process: Process, ready_file: Path, timeout: float = 30.0) -> Pro
 
 
 def start_admission(directory: Path, *, job: str, store: str, topology: dict, train_batch_size: int,
-                    num_minibatches: int, settings: dict | None = None) -> Process:
+                    num_minibatches: int, settings: dict | None = None, schema: dict | None = None) -> Process:
     config = directory / "admission.yaml"
     config.write_text(yaml.safe_dump({
         **(settings or {}),
+        **({"schema": schema} if schema is not None else {}),
         "job": job,
         "store": store,
         "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches, "sources": {"A": 0.5}},

@@ -29,10 +29,11 @@ from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from knittrans.client.model import ReportResult
+from knittrans.reservations import UnitReservation
 from knittrans.rollout import DEFAULT_BATCH_BYTES, MultimodalInput, RolloutClient, Trajectory
 from knittrans.store.protocol import UnitStore, UnitWrite
 from knittrans.submission import store_and_report
-from knittrans.types import FieldAlignment, TrajectoryId, TrajectoryMeta, UnitKey, UnitReservation, VersionSegment
+from knittrans.types import FieldAlignment, TrajectoryId, TrajectoryMeta, UnitKey, VersionSegment
 
 T = TypeVar("T")
 
@@ -120,6 +121,9 @@ class AsyncRolloutClient:
         segments: Sequence[VersionSegment],
         multimodal: Sequence[MultimodalInput] = (),
         scalars: Mapping[str, float] | None = None,
+        int_scalars: Mapping[str, int] | None = None,
+        bool_scalars: Mapping[str, bool] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         accepted: bool = True,
         finished_at: float | None = None,
         tokens_field: str = "input_ids",
@@ -137,6 +141,9 @@ class AsyncRolloutClient:
             fields=fields,
             multimodal=multimodal,
             scalars=scalars or {},
+            int_scalars=int_scalars or {},
+            bool_scalars=bool_scalars or {},
+            metadata=metadata or {},
             accepted=accepted,
             finished_at=finished_at,
             tokens_field=tokens_field,

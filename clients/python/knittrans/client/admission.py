@@ -33,8 +33,9 @@ from knittrans.client.model import (
     status_from_proto,
 )
 from knittrans.client.transport import BlockingTransport
+from knittrans.reservations import UnitReservation
 from knittrans.retry import RetryPolicy
-from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import trajectory_pb2
 
 __all__ = [

@@ -39,8 +39,9 @@ from knittrans.client.model import (
     verdict_from_proto,
 )
 from knittrans.client.transport import AioTransport, Transport
+from knittrans.reservations import UnitReservation
 from knittrans.retry import RetryPolicy
-from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_to_proto

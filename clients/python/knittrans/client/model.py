@@ -15,7 +15,8 @@ from enum import StrEnum
 from knittrans.errors import InvalidArgument, KnitTransError
 from knittrans.plan import ConsumerAssignment
 from knittrans.plan.proto import assignment_from_proto as consumer_assignment_from_proto
-from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.reservations import UnitReservation
+from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_from_proto, consumer_to_proto, topology_from_proto, trajectory_to_proto

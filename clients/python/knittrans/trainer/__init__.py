@@ -19,6 +19,7 @@ from knittrans.trainer.client import (
     TrainerStats,
 )
 from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.metadata import NonTensorBatch
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "MicroBatchDescriptor",
     "MiniBatch",
     "MiniBatchContext",
+    "NonTensorBatch",
     "PackedEncodingUse",
     "ProgressReporter",
     "TensorSpec",

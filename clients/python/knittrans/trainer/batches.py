@@ -13,6 +13,7 @@ from knittrans.packed.layout import item_offsets, packed_encoding_uses
 from knittrans.packed.tensors import PackedEncodingUse
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
 from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.metadata import NonTensorBatch
 from knittrans.types import ConsumerId
 
 
@@ -75,6 +76,13 @@ class MicroBatch:
     @property
     def trajectory_ids(self) -> tuple[str, ...]:
         return self.descriptor.trajectory_ids
+
+    @property
+    def metadata(self) -> NonTensorBatch:
+        """The items' metadata, one column per name aligned with :attr:`trajectory_ids` (verl's
+        ``non_tensor_batch``; see :mod:`knittrans.trainer.metadata`)."""
+        descriptor = self.descriptor
+        return NonTensorBatch.of(descriptor.trajectory_ids, descriptor.item_metadata)
 
     @property
     def encodings(self) -> tuple[PackedEncodingUse, ...]:

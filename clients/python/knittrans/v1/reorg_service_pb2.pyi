@@ -42,7 +42,7 @@ class PackedEncodingUse(_message.Message):
     def __init__(self, encoding_id: _Optional[int] = ..., key: _Optional[str] = ..., packed_start: _Optional[int] = ..., packed_end: _Optional[int] = ..., row_start: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., reference: _Optional[int] = ...) -> None: ...
 
 class MicroBatchDescriptor(_message.Message):
-    __slots__ = ("ticket", "sequence", "train_batch_index", "minibatch_index", "num_minibatches", "train_version", "microbatch_index", "num_microbatches", "last_in_minibatch", "minibatch_loss_tokens", "microbatch_loss_tokens", "segment", "slot", "tensors", "encodings", "encoder_inputs", "trajectory_ids", "role", "dp_rank", "cp_rank", "cp", "incarnation", "used_bytes", "trajectory_indices", "tp", "assigned_at", "published_at", "failure")
+    __slots__ = ("ticket", "sequence", "train_batch_index", "minibatch_index", "num_minibatches", "train_version", "microbatch_index", "num_microbatches", "last_in_minibatch", "minibatch_loss_tokens", "microbatch_loss_tokens", "segment", "slot", "tensors", "encodings", "encoder_inputs", "trajectory_ids", "role", "dp_rank", "cp_rank", "cp", "incarnation", "used_bytes", "trajectory_indices", "tp", "assigned_at", "published_at", "failure", "item_metadata")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class MicroBatchDescriptor(_message.Message):
     ASSIGNED_AT_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_METADATA_FIELD_NUMBER: _ClassVar[int]
     ticket: int
     sequence: int
     train_batch_index: int
@@ -99,7 +100,8 @@ class MicroBatchDescriptor(_message.Message):
     assigned_at: float
     published_at: float
     failure: MiniBatchFailure
-    def __init__(self, ticket: _Optional[int] = ..., sequence: _Optional[int] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., train_version: _Optional[int] = ..., microbatch_index: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., last_in_minibatch: _Optional[bool] = ..., minibatch_loss_tokens: _Optional[int] = ..., microbatch_loss_tokens: _Optional[int] = ..., segment: _Optional[str] = ..., slot: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorDescriptor, _Mapping]]] = ..., encodings: _Optional[_Iterable[_Union[PackedEncodingUse, _Mapping]]] = ..., encoder_inputs: _Optional[_Iterable[_Union[_plan_pb2.EncodingAssignment, _Mapping]]] = ..., trajectory_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., cp: _Optional[int] = ..., incarnation: _Optional[str] = ..., used_bytes: _Optional[int] = ..., trajectory_indices: _Optional[_Iterable[int]] = ..., tp: _Optional[int] = ..., assigned_at: _Optional[float] = ..., published_at: _Optional[float] = ..., failure: _Optional[_Union[MiniBatchFailure, _Mapping]] = ...) -> None: ...
+    item_metadata: _containers.RepeatedCompositeFieldContainer[_trajectory_pb2.TrajectoryValues]
+    def __init__(self, ticket: _Optional[int] = ..., sequence: _Optional[int] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., train_version: _Optional[int] = ..., microbatch_index: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., last_in_minibatch: _Optional[bool] = ..., minibatch_loss_tokens: _Optional[int] = ..., microbatch_loss_tokens: _Optional[int] = ..., segment: _Optional[str] = ..., slot: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorDescriptor, _Mapping]]] = ..., encodings: _Optional[_Iterable[_Union[PackedEncodingUse, _Mapping]]] = ..., encoder_inputs: _Optional[_Iterable[_Union[_plan_pb2.EncodingAssignment, _Mapping]]] = ..., trajectory_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., cp: _Optional[int] = ..., incarnation: _Optional[str] = ..., used_bytes: _Optional[int] = ..., trajectory_indices: _Optional[_Iterable[int]] = ..., tp: _Optional[int] = ..., assigned_at: _Optional[float] = ..., published_at: _Optional[float] = ..., failure: _Optional[_Union[MiniBatchFailure, _Mapping]] = ..., item_metadata: _Optional[_Iterable[_Union[_trajectory_pb2.TrajectoryValues, _Mapping]]] = ...) -> None: ...
 
 class MiniBatchFailure(_message.Message):
     __slots__ = ("trajectory_id", "unit_key", "reason")

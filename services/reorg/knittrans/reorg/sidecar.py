@@ -53,6 +53,7 @@ from knittrans.reorg.verification import verify_part
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MicroBatchDescriptor, MiniBatchFailure
 from knittrans.types import ConsumerId
+from knittrans.values import MetadataValue
 
 logger = logging.getLogger(__name__)
 
@@ -407,6 +408,7 @@ class Sidecar:
             tp=self.tp,
             trajectory_ids=tuple(i.trajectory.trajectory_id for i in micro.items) if backbone else (),
             trajectory_indices=tuple(i.trajectory_index for i in micro.items) if backbone else (),
+            item_metadata=_item_metadata(micro) if backbone else (),
             encodings=layout.encodings,
             encoder_input_messages=encoder_inputs,
             assigned_at=assigned_at,
@@ -443,3 +445,9 @@ class Sidecar:
         self._verifier.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._reader.close()
+
+
+def _item_metadata(micro: MicroBatchAssignment) -> tuple[tuple[tuple[str, MetadataValue], ...], ...]:
+    """Per item, its trajectory's metadata; nothing when no item has any (the usual case costs no bytes)."""
+    items = tuple(item.trajectory.values.metadata for item in micro.items)
+    return items if any(items) else ()

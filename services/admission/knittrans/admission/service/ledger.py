@@ -31,9 +31,10 @@ from knittrans.admission.service.ingest.report import Classified, check_keys, ch
 from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
 from knittrans.admission.service.records import admit_of, drop_of, failure_consumer, wait_of
 from knittrans.admission.service.reservation_records import apply_cancelled, apply_reserved
-from knittrans.admission.service.schema import JobSchema, schema_of
+from knittrans.admission.service.schema import JobSchema, declared_schema, schema_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.trajectory_schema import TrajectorySchema
 from knittrans.types import (
     BACKBONE_ROLE,
     ENCODER_ROLE_PREFIX,
@@ -80,6 +81,7 @@ class LedgerSettings:
     label_fields: tuple[str, ...] = ("input_ids",)
     initial_version: int = 0
     max_report_batch: int = 10_000
+    schema: TrajectorySchema | None = None  # declared in the config; None: the first trajectory fixes it
 
 
 @dataclass
@@ -158,8 +160,8 @@ class AdmissionLedger:
         self.released_minibatches = 0
         self.quota_violations = 0
         # What every accepted trajectory must agree on, so that any of them can be packed together; fixed by the
-        # first accepted trajectory applied (the same one on replay).
-        self.schema: JobSchema | None = None
+        # first accepted trajectory applied (the same one on replay), unless the config declares it.
+        self.schema: JobSchema | None = None if settings.schema is None else declared_schema(settings.schema)
         # Mini-batches a consumer could not read or pack (rare by construction: ingest keeps poison out).
         self.failure_keys: set[tuple[ConsumerId, int]] = set()
         self.failed_sequences: set[int] = set()

@@ -8,6 +8,7 @@ from knittrans.admission.engine import EngineConfig
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
 from knittrans.serving.settings import ServerSettings
+from knittrans.trajectory_schema import TrajectorySchema
 from knittrans.types import Topology
 
 DEFAULT_PORT = 50051
@@ -23,7 +24,8 @@ class AdmissionServiceSettings:
     the job's lease in Redis outlives its last renewal: a service of the job that died on another machine is
     replaced at most this long after (see job_lease). ``unreported_unit_ttl_seconds`` is how long a reservation of
     units outlives its trajectory's missing report: then its units are deleted (a rollout that died between
-    writing and reporting; see expiry)."""
+    writing and reporting; see expiry). ``schema`` is the trajectory schema every report is held to
+    (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it."""
 
     engine: EngineConfig
     topology: Topology
@@ -31,6 +33,7 @@ class AdmissionServiceSettings:
     state: str = "memory"
     store: str = ""
     label_fields: tuple[str, ...] = ("input_ids",)
+    schema: TrajectorySchema | None = None
     initial_version: int = 0
     max_report_batch: int = 10_000
     delete_batch_size: int = 1024
@@ -55,3 +58,8 @@ class AdmissionServiceSettings:
             raise InvalidArgument("must be in (0, 604800] seconds", field="unreported_unit_ttl_seconds")
         if not self.label_fields:
             raise InvalidArgument("name at least one field that labels come from", field="label_fields")
+        if self.schema is not None:
+            try:
+                self.schema.check_label_fields(self.label_fields)
+            except InvalidArgument as exc:
+                raise InvalidArgument(exc.message, field=f"schema.{exc.field}") from exc
