@@ -86,7 +86,9 @@ class Stack:
         length = 5 + index % 9
         fields = {"input_ids": rng.integers(1, 50_000, length, dtype=np.int32),
                   "loss_mask": np.ones(length, dtype=np.uint8), "stats": rng.random(3).astype(np.float32)}
-        metadata = {name: values[name] for name in ("uid", "ground_truth", "blob") if name in values}
+        metadata = {name: values[name] for name in ("uid", "blob") if name in values}
+        if "ground_truth" in values:  # declared json: a str ground truth is JSON text too, not a str value
+            metadata["ground_truth"] = MetadataValue(kind=MetadataKind.JSON, value=json.dumps(values["ground_truth"]))
         meta = self.rollout.submit(
             fields, trajectory_id=f"t{index}", sample_id=f"s{index}", source="A", rollout_step=0,
             segments=(VersionSegment(version=0, num_tokens=length),), non_sequence_fields=("stats",),
