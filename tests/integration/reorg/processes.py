@@ -104,10 +104,12 @@ def start_sidecar(directory: Path, *, job: str, store: str, admission: str, dp_r
 
 
 def start_trainer(directory: Path, *, socket: str, tp_rank: int, global_rank: int, admission: str,
-                  minibatches: int, sleep: float = 0.0) -> tuple[Process, Path]:
-    output = directory / f"trainer-{global_rank}.json"
-    process = spawn(f"trainer-{global_rank}", [sys.executable, WORKER, "--socket", socket, "--tp-rank", str(tp_rank),
-                                               "--global-rank", str(global_rank), "--admission", admission,
-                                               "--minibatches", str(minibatches), "--output", str(output),
-                                               "--sleep", str(sleep)], directory)
+                  minibatches: int, sleep: float = 0.0, name: str = "",
+                  extra: tuple[str, ...] = ()) -> tuple[Process, Path]:
+    name = name or f"trainer-{global_rank}"
+    output = directory / f"{name}.json"
+    process = spawn(name, [sys.executable, WORKER, "--socket", socket, "--tp-rank", str(tp_rank),
+                           "--global-rank", str(global_rank), "--admission", admission,
+                           "--minibatches", str(minibatches), "--output", str(output),
+                           "--sleep", str(sleep), *extra], directory)
     return process, output

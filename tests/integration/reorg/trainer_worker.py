@@ -2,7 +2,14 @@
 what it received as JSON (per item: the global token positions it holds and CRCs of every field there).
 
     python tests/integration/reorg/trainer_worker.py --socket unix:/... --tp-rank 0 --global-rank 0 \
-        --admission 127.0.0.1:PORT --minibatches 4 --output out.json [--sleep 0.1] [--mode iter]
+        --admission 127.0.0.1:PORT --minibatches 4 --output out.json [--sleep 0.1] [--mode iter] \
+        [--progress progress.jsonl [--hold-at 1 [--hold-until-restart]]]
+
+With ``--progress`` it also appends one JSON line per micro-batch it takes, per restarted mini-batch and per
+step, as it goes (a test reads it to kill the process at a chosen point). ``--hold-at I`` stops the training
+loop at micro-batch I of the first mini-batch, holding it (a "holding" line says so): forever, or with
+``--hold-until-restart`` until the client has learnt that the sidecar restarted the mini-batch. A mini-batch
+that raises MiniBatchRestarted is recorded and not counted as a step.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import zlib
 import numpy as np
 
 from knittrans.client.connection import ConnectionSettings
-from knittrans.errors import KnitTransError
+from knittrans.errors import KnitTransError, MiniBatchRestarted
 from knittrans.trainer import TrainerClient, TrainerSettings
 
 
@@ -58,24 +65,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--sleep", type=float, default=0.0, help="simulated compute per micro-batch")
     parser.add_argument("--mode", default="iter")
+    parser.add_argument("--progress", default="")
+    parser.add_argument("--hold-at", type=int, default=-1)
+    parser.add_argument("--hold-until-restart", action="store_true")
     args = parser.parse_args(argv)
+    progress = open(args.progress, "a") if args.progress else None
+
+    def note(**line: object) -> None:
+        if progress is not None:
+            progress.write(json.dumps(line) + "\n")
+            progress.flush()
+
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     settings = TrainerSettings(sidecar=args.socket, tp_rank=args.tp_rank, global_rank=args.global_rank,
                                mode=args.mode, admission=ConnectionSettings(target=args.admission),
                                sidecar_timeout_seconds=20.0, poll_seconds=2.0)
-    result: dict = {"minibatches": []}
+    result: dict = {"minibatches": [], "restarted": []}
+    held = False
     try:
         with TrainerClient(settings) as client:
             for mini in client.mini_batches():
                 micros = []
-                for micro in mini:
-                    micros.append(describe(micro))
-                    time.sleep(args.sleep)
+                try:
+                    for micro in mini:
+                        micros.append(describe(micro))
+                        note(event="micro", sequence=mini.sequence, index=micro.index,
+                             trajectory_ids=list(micro.trajectory_ids))
+                        if micro.index == args.hold_at and not held:
+                            held = True
+                            note(event="holding", sequence=mini.sequence, index=micro.index)
+                            while not args.hold_until_restart or client.stats.minibatch_restarts == 0:
+                                time.sleep(0.05)
+                        time.sleep(args.sleep)
+                except MiniBatchRestarted as restarted:  # drop the partial gradient; it comes again
+                    result["restarted"].append({"sequence": restarted.sequence, "yielded": len(micros)})
+                    note(event="restarted", sequence=restarted.sequence, yielded=len(micros))
+                    continue
                 mini.complete()  # the optimizer step is done
+                step = mini.step
+                note(event="step", sequence=mini.sequence, indices=[m["index"] for m in micros])
                 result["minibatches"].append({
                     "sequence": mini.sequence, "train_batch_index": mini.train_batch_index,
                     "minibatch_index": mini.minibatch_index, "global_loss_tokens": mini.global_loss_tokens,
                     "num_microbatches": mini.num_microbatches, "consumer": str(mini.consumer),
+                    "step": [step.train_batch_index, step.minibatch_index, step.train_version],
+                    "admitted": list(mini.context.admitted_trajectory_ids),
                     "microbatches": micros,
                 })
                 if len(result["minibatches"]) == args.minibatches:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knittrans.errors import FailedPrecondition, InvalidArgument
-from knittrans.reorg.ring import RingCore, SharedMemoryRing
+from knittrans.reorg.ring import Released, RingCore, SharedMemoryRing
 from knittrans.reorg.sidecar import DeliveryTracker
 from knittrans.shm import AttachedSegment, list_segments, segment_prefix
 
@@ -22,13 +22,13 @@ def test_a_slot_is_free_again_only_when_every_tp_rank_released_it() -> None:
     t1, _ = core.publish(a, lambda t: f"d{t}")
     core.publish(b, lambda t: f"d{t}")
     assert core.occupied == 2
-    assert core.release(t1, 0) is None
-    assert core.release(t1, 0) is None  # twice is a no-op
-    assert core.release(t1, 2) is None
+    assert core.release(t1, 0) == Released(descriptor="d1", freed=False)
+    assert core.release(t1, 0) == Released(descriptor=None, freed=False)  # twice is a no-op
+    assert not core.release(t1, 2).freed
     assert core.take() is None
-    assert core.release(t1, 1) == "d1"
+    assert core.release(t1, 1) == Released(descriptor="d1", freed=True)
     assert core.take() == a
-    assert core.release(99, 0) is None  # unknown tickets are no-ops
+    assert core.release(99, 0) == Released(descriptor=None, freed=False)  # unknown tickets are no-ops
     with pytest.raises(InvalidArgument):
         core.release(t1, 3)
 
@@ -70,8 +70,8 @@ def test_ring_invariants_under_random_use(slots, tp, actions) -> None:
             if found is not None:
                 ticket, _ = found
                 released[ticket].add(rank)
-                freed = core.release(ticket, rank)
-                assert (freed is not None) == (released[ticket] == set(range(tp)))
+                freed = core.release(ticket, rank).freed
+                assert freed == (released[ticket] == set(range(tp)))
         outstanding = [t for t, ranks in released.items() if ranks != set(range(tp))]
         assert core.occupied == len(outstanding) <= slots
         assert core.outstanding == len(outstanding)

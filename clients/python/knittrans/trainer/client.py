@@ -6,10 +6,14 @@
                                            tp_rank=tp_rank, global_rank=rank,
                                            admission=ConnectionSettings(target="admission:50051")))
     for mini in client.mini_batches():
-        for micro in mini:
-            loss = model(micro["input_ids"], position_ids=micro["position_ids"], ...)
-            (loss_sum(loss, micro["labels"], micro["loss_mask"]) / mini.global_loss_tokens).backward()
-        optimizer.step()
+        try:
+            for micro in mini:
+                loss = model(micro["input_ids"], position_ids=micro["position_ids"], ...)
+                (loss_sum(loss, micro["labels"], micro["loss_mask"]) / mini.global_loss_tokens).backward()
+        except MiniBatchRestarted:  # a TP rank restarted mid-way: the mini-batch comes again, whole
+            optimizer.zero_grad()
+            continue
+        optimizer.step()  # mini.step (a StepId) names this step in checkpoints
 
 ``labels`` is the next token (−100 where there is none) and every per-target field, ``loss_mask`` included, is
 label-aligned: the sidecar shifted those the rollout submitted token-aligned (``FieldAlignment``). So the logits
@@ -39,6 +43,11 @@ micro-batches of the mini-batch were yielded; those must not be stepped on. Eith
 catch the error, skip the optimizer step and go on with ``mini_batches()``: the client still reports the
 mini-batch done to the admission service (its units are released once every consumer is past it, and the
 version advances after the last mini-batch of a train batch). The admission service's status lists the failure.
+
+The mini-batch is the unit of delivery (DESIGN.md §9). A rank whose process restarts gets the mini-batch it
+was in again from micro-batch 0, never the rest of it; its consumer's other TP ranks, if still running, get
+:class:`~knittrans.errors.MiniBatchRestarted` from the micro-batch iterator of that mini-batch and then the
+mini-batch again, whole (docs/failures.md). A restarted mini-batch is not reported done.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from typing import Any
 import grpc
 
 from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_channel
-from knittrans.errors import FailedPrecondition
+from knittrans.errors import FailedPrecondition, MiniBatchRestarted
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext, MiniBatchFeed, Staged
 from knittrans.trainer.prefetch import Prefetcher
@@ -126,16 +135,22 @@ class TrainerClient:
             if self._eager:
                 rest = []
                 last = first
-                while not last.descriptor.last_in_minibatch:
-                    last = prefetcher.take_next_of(first.descriptor.sequence)
-                    first.waited += last.waited
-                    last.waited = 0.0
-                    rest.append(last)
+                try:
+                    while not last.descriptor.last_in_minibatch:
+                        last = prefetcher.take_next_of(first.descriptor.sequence)
+                        first.waited += last.waited
+                        last.waited = 0.0
+                        rest.append(last)
+                except MiniBatchRestarted:  # nothing of it was yielded: take it again from its start
+                    continue
                 self.stats.waits.append(first.waited)
             mini = MiniBatch(feed, first, rest)
             yield mini
             mini.drain()
+            if mini.restarted:
+                continue
             self._complete(mini)
+            prefetcher.completed_through = max(prefetcher.completed_through, mini.sequence)
             self.stats.mini_batches += 1
 
     def status(self, *, timeout: float = 5.0) -> pb.GetReorgStatusResponse:
@@ -180,7 +195,7 @@ class TrainerClient:
         self._stager.ready(staged.tensors, staged.event)
 
     def _complete(self, mini: MiniBatch) -> None:
-        if mini.completed:
+        if mini.completed or mini.restarted:
             return
         mini.completed = True
         if self._progress is None:

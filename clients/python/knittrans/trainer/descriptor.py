@@ -71,6 +71,9 @@ class MicroBatchDescriptor:
     published_at: float = 0.0  # wall clock: the micro-batch was published
     # Set when the sidecar could not read or pack this micro-batch: no tensors, and the last of its mini-batch.
     failure: MiniBatchFailure | None = None
+    # Bumped each time the sidecar restarted delivery because a TP rank restarted mid-mini-batch: what a rank
+    # holds of an older round was withdrawn, and its current mini-batch comes again from micro-batch 0.
+    delivery_round: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tensors", "trajectory_ids", "trajectory_indices", "encodings", "encoder_input_messages"):
@@ -155,6 +158,7 @@ class MicroBatchDescriptor:
             tp=self.tp,
             assigned_at=self.assigned_at,
             published_at=self.published_at,
+            delivery_round=self.delivery_round,
             failure=None if self.failure is None else pb.MiniBatchFailure(
                 trajectory_id=self.failure.trajectory_id, unit_key=self.failure.unit_key, reason=self.failure.reason),
         )
@@ -212,6 +216,7 @@ class MicroBatchDescriptor:
             encoder_input_messages=tuple(message.encoder_inputs),
             assigned_at=message.assigned_at,
             published_at=message.published_at,
+            delivery_round=message.delivery_round,
             failure=within("failure", lambda: MiniBatchFailure(
                 trajectory_id=message.failure.trajectory_id, unit_key=message.failure.unit_key,
                 reason=message.failure.reason)) if message.HasField("failure") else None,
