@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from knittrans.errors import FailedPrecondition, InvalidArgument
 from knittrans.reorg.ring import Released, RingCore, SharedMemoryRing
+from knittrans.reorg.rounds import RankProgress
 from knittrans.reorg.sidecar import DeliveryTracker
 from knittrans.shm import AttachedSegment, list_segments, segment_prefix
 
@@ -129,3 +130,47 @@ async def test_a_new_ring_removes_a_crashed_predecessors_segments() -> None:
     ring: SharedMemoryRing[str] = SharedMemoryRing(slots=2, tp=1, prefix=prefix)
     assert list_segments(prefix) == []
     await ring.close()
+
+
+def test_withdrawn_tickets_are_never_handed_out_again_and_free_once_their_holders_release_them() -> None:
+    core: RingCore[tuple[int, int]] = RingCore(slots=3, tp=2)
+    for key in ((1, 0), (1, 1), (2, 0)):
+        core.publish(core.take(), lambda t, k=key: k)
+    for rank in (0, 1):  # both ranks were handed the first two tickets
+        for ticket in (1, 2):
+            core.hand_out(ticket, rank)
+    core.release(1, 0)
+    core.release(1, 1)
+    assert core.withdraw(lambda key: key[0] >= 1, restarted=1) == 2  # tickets 2 and 3
+    assert core.next_after(0, 0) is None and core.next_after(0, 1) is None
+    # Rank 1 restarted: its old process holds nothing. Ticket 3 was never handed to rank 0: its slot is free.
+    assert core.occupied == 1
+    assert core.release(2, 0) == Released(descriptor=None, freed=True)  # a withdrawn release counts for nothing
+    assert core.occupied == 0
+
+
+def test_a_rank_that_asks_past_a_withdrawn_ticket_never_received_it() -> None:
+    core: RingCore[int] = RingCore(slots=2, tp=1)
+    for _ in range(2):
+        core.publish(core.take(), lambda t: t)
+    core.hand_out(1, 0)
+    core.hand_out(2, 0)  # the answer was lost on its way
+    core.withdraw(lambda d: True, restarted=99)
+    assert core.occupied == 2
+    assert core.forget_unreceived(1, 0)
+    assert core.occupied == 1
+    core.publish(core.take(), lambda t: t, skip=frozenset())
+    assert core.next_after(1, 0) == (3, 3)
+
+
+def test_rank_progress_sees_restarts_and_who_skips_what_in_a_new_round() -> None:
+    ranks = RankProgress()
+    assert not ranks.called_from(0, "a") and not ranks.called_from(1, "b")
+    assert not ranks.called_from(0, "a") and not ranks.called_from(0, "")
+    ranks.released(0, 1, last_in_minibatch=True)
+    ranks.released(0, 2, last_in_minibatch=False)
+    ranks.released(1, 1, last_in_minibatch=False)
+    assert ranks.partway == {0, 1}
+    assert ranks.called_from(1, "b2")  # a new process of TP rank 1
+    assert ranks.rewind([1, 2]) == {1: frozenset({0}), 2: frozenset()}
+    assert ranks.partway == frozenset()
