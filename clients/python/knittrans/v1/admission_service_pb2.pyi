@@ -146,6 +146,26 @@ class ReportProgressResponse(_message.Message):
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
+class ReportCheckpointRequest(_message.Message):
+    __slots__ = ("request_id", "train_batch_index", "minibatch_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    train_batch_index: int
+    minibatch_index: int
+    def __init__(self, request_id: _Optional[str] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
+
+class ReportCheckpointResponse(_message.Message):
+    __slots__ = ("released_minibatches", "checkpoint_train_batch_index", "checkpoint_minibatch_index")
+    RELEASED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    released_minibatches: int
+    checkpoint_train_batch_index: int
+    checkpoint_minibatch_index: int
+    def __init__(self, released_minibatches: _Optional[int] = ..., checkpoint_train_batch_index: _Optional[int] = ..., checkpoint_minibatch_index: _Optional[int] = ...) -> None: ...
+
 class AdvanceVersionRequest(_message.Message):
     __slots__ = ("request_id", "train_batch_index", "new_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -93,6 +93,7 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
             label_fields=settings.label_fields,
             initial_version=settings.initial_version,
             max_report_batch=settings.max_report_batch,
+            retention=settings.retention,
         )
     )
     metrics = AdmissionMetrics(registry, settings.engine.sources)

@@ -22,6 +22,7 @@ from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
+from knittrans.admission.service.checkpoints import report_checkpoint
 from knittrans.admission.service.gc_pacing import collect_young_objects
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
@@ -383,6 +384,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                     pass
             verdict, failure = self._ledger.verdict(sequence)
         return verdict_response(verdict, failure, self._ledger.unverified(sequence))
+
+    async def ReportCheckpoint(self, request: pb.ReportCheckpointRequest, context: aio.ServicerContext):
+        return await report_checkpoint(request, ledger=self._ledger, commits=self._commits, commit=self._commit,
+                                       clock=self._clock)
 
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
         async with self._commits.mutating():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knittrans.admission.engine import EngineConfig
+from knittrans.admission.service.retention import RetentionPolicy
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
 from knittrans.serving.settings import ServerSettings
@@ -21,7 +22,8 @@ class AdmissionServiceSettings:
     wait until the journal's tail is read. ``mutation_wait_seconds`` is how long a mutating call waits for its
     turn (during such a wait, or behind other calls) before it fails UNAVAILABLE. ``lease_ttl_seconds`` is how long
     the job's lease in Redis outlives its last renewal: a service of the job that died on another machine is
-    replaced at most this long after (see job_lease)."""
+    replaced at most this long after (see job_lease). ``retain_steps`` and ``retain_until_checkpoint`` keep the
+    units of mini-batches every consumer stepped on for a job restored from a checkpoint (see retention)."""
 
     engine: EngineConfig
     topology: Topology
@@ -35,6 +37,8 @@ class AdmissionServiceSettings:
     redis_timeout_seconds: float = 10.0
     mutation_wait_seconds: float = 10.0
     lease_ttl_seconds: float = 20.0
+    retain_steps: int = 0
+    retain_until_checkpoint: bool = False
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
 
     def __post_init__(self) -> None:
@@ -48,5 +52,10 @@ class AdmissionServiceSettings:
         for name in ("redis_timeout_seconds", "mutation_wait_seconds", "lease_ttl_seconds"):
             if not 0 < getattr(self, name) <= 3600:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)
+        _ = self.retention  # validates retain_steps and retain_until_checkpoint
         if not self.label_fields:
             raise InvalidArgument("name at least one field that labels come from", field="label_fields")
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(retain_steps=self.retain_steps, retain_until_checkpoint=self.retain_until_checkpoint)
