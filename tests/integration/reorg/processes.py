@@ -75,7 +75,7 @@ def wait_ready(process: Process, ready_file: Path, timeout: float = 30.0) -> Pro
 
 
 def start_admission(directory: Path, *, job: str, store: str, topology: dict, train_batch_size: int,
-                    num_minibatches: int) -> Process:
+                    num_minibatches: int, extra: dict | None = None) -> Process:
     config = directory / "admission.yaml"
     config.write_text(yaml.safe_dump({
         "job": job,
@@ -83,6 +83,7 @@ def start_admission(directory: Path, *, job: str, store: str, topology: dict, tr
         "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches, "sources": {"A": 0.5}},
         "topology": topology,
         "server": {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}},
+        **(extra or {}),
     }))
     ready = directory / "admission.ready"
     process = spawn("admission", [KNITTRANS, "admission", "serve", "--config", str(config), "--ready-file",

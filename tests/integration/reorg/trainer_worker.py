@@ -3,13 +3,17 @@ what it received as JSON (per item: the global token positions it holds and CRCs
 
     python tests/integration/reorg/trainer_worker.py --socket unix:/... --tp-rank 0 --global-rank 0 \
         --admission 127.0.0.1:PORT --minibatches 4 --output out.json [--sleep 0.1] [--mode iter] \
-        [--progress progress.jsonl [--hold-at 1 [--hold-until-restart]]]
+        [--progress progress.jsonl [--hold-at 1 [--hold-sequence 5] [--hold-until-restart]]] \
+        [--checkpoint-at 2] [--restored-step 0:1]
 
 With ``--progress`` it also appends one JSON line per micro-batch it takes, per restarted mini-batch and per
 step, as it goes (a test reads it to kill the process at a chosen point). ``--hold-at I`` stops the training
 loop at micro-batch I of the first mini-batch, holding it (a "holding" line says so): forever, or with
-``--hold-until-restart`` until the client has learnt that the sidecar restarted the mini-batch. A mini-batch
-that raises MiniBatchRestarted is recorded and not counted as a step.
+``--hold-until-restart`` until the client has learnt that the sidecar restarted the mini-batch; with
+``--hold-sequence S``, at micro-batch I of mini-batch S instead. A mini-batch that raises MiniBatchRestarted is
+recorded and not counted as a step. ``--checkpoint-at S`` reports a checkpoint after the step on mini-batch S
+(``ReportCheckpoint``); ``--restored-step T:M`` starts as a process restored from a checkpoint holding step
+(train batch T, mini-batch M).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import zlib
 
 import numpy as np
 
+from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.errors import KnitTransError, MiniBatchRestarted
-from knittrans.trainer import TrainerClient, TrainerSettings
+from knittrans.trainer import StepId, TrainerClient, TrainerSettings
 
 
 def crc(array: np.ndarray) -> int:
@@ -68,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", default="")
     parser.add_argument("--hold-at", type=int, default=-1)
     parser.add_argument("--hold-until-restart", action="store_true")
+    parser.add_argument("--hold-sequence", type=int, default=0)
+    parser.add_argument("--checkpoint-at", type=int, default=0)
+    parser.add_argument("--restored-step", default="")
     args = parser.parse_args(argv)
     progress = open(args.progress, "a") if args.progress else None
 
@@ -82,16 +90,20 @@ def main(argv: list[str] | None = None) -> int:
                                sidecar_timeout_seconds=20.0, poll_seconds=2.0)
     result: dict = {"minibatches": [], "restarted": []}
     held = False
+    restored = None
+    if args.restored_step:
+        train_batch, minibatch = (int(x) for x in args.restored_step.split(":"))
+        restored = StepId(train_batch_index=train_batch, minibatch_index=minibatch)
     try:
-        with TrainerClient(settings) as client:
+        with TrainerClient(settings, restored_step=restored) as client:
             for mini in client.mini_batches():
                 micros = []
                 try:
                     for micro in mini:
                         micros.append(describe(micro))
-                        note(event="micro", sequence=mini.sequence, index=micro.index,
-                             trajectory_ids=list(micro.trajectory_ids))
-                        if micro.index == args.hold_at and not held:
+                        note(event="micro", sequence=mini.sequence, micro=micros[-1])
+                        if micro.index == args.hold_at and not held and (
+                                not args.hold_sequence or mini.sequence == args.hold_sequence):
                             held = True
                             note(event="holding", sequence=mini.sequence, index=micro.index)
                             while not args.hold_until_restart or client.stats.minibatch_restarts == 0:
@@ -103,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 mini.complete()  # the optimizer step is done
                 step = mini.step
+                if mini.sequence == args.checkpoint_at:
+                    with AdmissionClient(args.admission) as admission:
+                        admission.report_checkpoint(step)
                 note(event="step", sequence=mini.sequence, indices=[m["index"] for m in micros])
                 result["minibatches"].append({
                     "sequence": mini.sequence, "train_batch_index": mini.train_batch_index,

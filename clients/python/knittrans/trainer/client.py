@@ -59,8 +59,9 @@ from typing import Any
 import grpc
 
 from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_channel
-from knittrans.errors import FailedPrecondition, MiniBatchRestarted
+from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchRestarted
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
+from knittrans.steps import StepId
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext, MiniBatchFeed, Staged
 from knittrans.trainer.prefetch import Prefetcher
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
@@ -86,7 +87,13 @@ logger = logging.getLogger(__name__)
 class TrainerClient:
     """A training rank's client of its reorg sidecar (see the module docstring)."""
 
-    def __init__(self, settings: TrainerSettings, *, progress: ProgressReporter | None = None) -> None:
+    def __init__(self, settings: TrainerSettings, *, progress: ProgressReporter | None = None,
+                 restored_step: StepId | None = None) -> None:
+        """``restored_step``: this process restored a checkpoint holding every step up to this one (its
+        ``mini.step``); the sidecar delivers the mini-batches after it again, the same ones in the same order."""
+        if restored_step is not None and not isinstance(restored_step, StepId):
+            raise InvalidArgument("must be a StepId (the checkpoint's last mini.step)", field="restored_step")
+        self._restored_step = restored_step
         self._settings = settings
         self._channel = open_channel(ConnectionSettings(target=settings.target))
         self._stub = reorg_service_pb2_grpc.ReorgServiceStub(self._channel)
@@ -114,7 +121,8 @@ class TrainerClient:
         from knittrans.trainer.staging import Stager  # imports torch
 
         self._stager = Stager(self._settings.device, materialise=self._eager, prefetch=self._settings.prefetch)
-        self._prefetcher = prefetcher = Prefetcher(self._settings, self._stub, self._stager, self.stats)
+        self._prefetcher = prefetcher = Prefetcher(self._settings, self._stub, self._stager, self.stats,
+                                                   restored_step=self._restored_step)
         self._feed = MiniBatchFeed(
             take_next_of=prefetcher.take_next_of, ready_for_use=self._ready_for_use, release=prefetcher.release,
             complete=self._complete, context=self.minibatch_context,

@@ -33,6 +33,7 @@ from knittrans.errors import (
     Unavailable,
 )
 from knittrans.retry import Backoff, RetryPolicy
+from knittrans.steps import StepId
 from knittrans.trainer.batches import Staged
 from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
@@ -79,7 +80,7 @@ class Prefetcher:
     copies them out of the slot, which is then released at once."""
 
     def __init__(self, settings: TrainerSettings, stub: reorg_service_pb2_grpc.ReorgServiceStub, stager: Any,
-                 stats: TrainerStats) -> None:
+                 stats: TrainerStats, *, restored_step: StepId | None = None) -> None:
         self._settings = settings
         self._stub = stub
         self._stager = stager
@@ -94,6 +95,8 @@ class Prefetcher:
         # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
         self.session = uuid.uuid4().hex
         self.completed_through = 0  # the training loop finished every mini-batch up to this sequence
+        self._restored = None if restored_step is None else pb.RestoredStep(
+            train_batch_index=restored_step.train_batch_index, minibatch_index=restored_step.minibatch_index)
         tp_rank = settings.tp_rank
         self._fetcher = threading.Thread(target=self._fetch_loop, name=f"knittrans-prefetch-tp{tp_rank}", daemon=True)
         self._releaser = threading.Thread(target=self._release_loop, name=f"knittrans-release-tp{tp_rank}",
@@ -204,6 +207,8 @@ class Prefetcher:
         while not self._stop.is_set():
             request = pb.NextMicroBatchRequest(tp_rank=settings.tp_rank, after_ticket=after, incarnation=incarnation,
                                                session=self.session)
+            if self._restored is not None and not incarnation:  # until the restored delivery has begun
+                request.restored_step.CopyFrom(self._restored)
             try:
                 self._in_flight = self._stub.NextMicroBatch.future(request, timeout=settings.poll_seconds)
                 if self._stop.is_set():

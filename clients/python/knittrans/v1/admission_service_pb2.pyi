@@ -99,14 +99,16 @@ class RegisterConsumerRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ...) -> None: ...
 
 class RegisterConsumerResponse(_message.Message):
-    __slots__ = ("topology", "acknowledged_sequence", "job")
+    __slots__ = ("topology", "acknowledged_sequence", "job", "num_minibatches")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    NUM_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     topology: _topology_pb2.Topology
     acknowledged_sequence: int
     job: str
-    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
+    num_minibatches: int
+    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ..., num_minibatches: _Optional[int] = ...) -> None: ...
 
 class WatchAssignmentsRequest(_message.Message):
     __slots__ = ("consumer", "after_sequence")

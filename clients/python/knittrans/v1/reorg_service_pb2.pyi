@@ -114,16 +114,26 @@ class MiniBatchFailure(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., unit_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NextMicroBatchRequest(_message.Message):
-    __slots__ = ("tp_rank", "after_ticket", "incarnation", "session")
+    __slots__ = ("tp_rank", "after_ticket", "incarnation", "session", "restored_step")
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     AFTER_TICKET_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_STEP_FIELD_NUMBER: _ClassVar[int]
     tp_rank: int
     after_ticket: int
     incarnation: str
     session: str
-    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+    restored_step: RestoredStep
+    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ..., restored_step: _Optional[_Union[RestoredStep, _Mapping]] = ...) -> None: ...
+
+class RestoredStep(_message.Message):
+    __slots__ = ("train_batch_index", "minibatch_index")
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    train_batch_index: int
+    minibatch_index: int
+    def __init__(self, train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
 
 class NextMicroBatchResponse(_message.Message):
     __slots__ = ("descriptor", "end_of_stream", "incarnation", "delivery_round")
@@ -138,16 +148,18 @@ class NextMicroBatchResponse(_message.Message):
     def __init__(self, descriptor: _Optional[_Union[MicroBatchDescriptor, _Mapping]] = ..., end_of_stream: _Optional[bool] = ..., incarnation: _Optional[str] = ..., delivery_round: _Optional[int] = ...) -> None: ...
 
 class StreamMicroBatchesRequest(_message.Message):
-    __slots__ = ("tp_rank", "after_ticket", "incarnation", "session")
+    __slots__ = ("tp_rank", "after_ticket", "incarnation", "session", "restored_step")
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     AFTER_TICKET_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_STEP_FIELD_NUMBER: _ClassVar[int]
     tp_rank: int
     after_ticket: int
     incarnation: str
     session: str
-    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ...) -> None: ...
+    restored_step: RestoredStep
+    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ..., restored_step: _Optional[_Union[RestoredStep, _Mapping]] = ...) -> None: ...
 
 class StreamMicroBatchesResponse(_message.Message):
     __slots__ = ("descriptor",)

@@ -55,7 +55,7 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
 
     async def NextMicroBatch(self, request: pb.NextMicroBatchRequest, context: aio.ServicerContext):
         self._check_tp(request.tp_rank)
-        await self._sidecar.trainer_called(request.tp_rank, request.session)
+        await self._sidecar.trainer_called(request.tp_rank, request.session, _restored(request))
         ring = self._sidecar.ring
         after = self._after(request.after_ticket, request.incarnation)
         descriptor = await ring.next_after(after, request.tp_rank, timeout=self._wait_budget(context))
@@ -73,7 +73,7 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
         self, request: pb.StreamMicroBatchesRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.StreamMicroBatchesResponse]:
         self._check_tp(request.tp_rank)
-        await self._sidecar.trainer_called(request.tp_rank, request.session)
+        await self._sidecar.trainer_called(request.tp_rank, request.session, _restored(request))
         ring = self._sidecar.ring
         after = self._after(request.after_ticket, request.incarnation)
         while True:
@@ -125,6 +125,12 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
             drained=sidecar.ring.drained,
             delivery_round=sidecar.delivery_round,
         )
+
+
+def _restored(request: pb.NextMicroBatchRequest | pb.StreamMicroBatchesRequest) -> tuple[int, int] | None:
+    if not request.HasField("restored_step"):
+        return None
+    return (request.restored_step.train_batch_index, request.restored_step.minibatch_index)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class RankProgress:
         self._done_through: dict[int, int] = {}
         self._partway: set[int] = set()
         self._sessions: dict[int, str] = {}
+        self._restore_step: tuple[int, int] | None = None
+        self._restore_members: dict[int, str] = {}  # TP rank -> the session that joined the current restore
 
     @property
     def partway(self) -> frozenset[int]:
@@ -55,6 +57,19 @@ class RankProgress:
         previous = self._sessions.get(tp_rank)
         self._sessions[tp_rank] = session
         return previous is not None and previous != session
+
+    def restores(self, tp_rank: int, session: str, step: tuple[int, int]) -> bool:
+        """A trainer process of ``tp_rank`` restored from a checkpoint holding ``step``. True when it starts a new
+        restore (the sidecar delivers again everything after the step); False when it joins the restore another
+        TP rank of its job started (the same step, and no other process of this rank joined it before)."""
+        self.called_from(tp_rank, session)
+        if self._restore_step == step and self._restore_members.get(tp_rank, session) == session:
+            self._restore_members[tp_rank] = session
+            return False
+        self._restore_step, self._restore_members = step, {tp_rank: session}
+        self._done_through.clear()
+        self._partway.clear()
+        return True
 
     def rewind(self, sequences: Iterable[int]) -> dict[int, frozenset[int]]:
         """A new round re-delivers ``sequences``: for each, the TP ranks that already had all of it (they skip

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from knittrans.errors import FailedPrecondition, KnitTransError
 from knittrans.plan import EncoderMicroBatchAssignment, MicroBatchAssignment
 from knittrans.reorg.assignments import AssignmentEvent, AssignmentSource, FailureReport, Registration, Verdict
+from knittrans.reorg.descriptors import Describer
 from knittrans.reorg.failures import blame, blame_by_probing
 from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.packing import PackLayout, PackSettings, backbone_layout, encoder_layout, fill_backbone
@@ -126,6 +127,8 @@ class Sidecar:
         self._in_flight: OrderedDict[int, _Delivery] = OrderedDict()  # delivering or delivered, not yet acked
         self._again: deque[_Delivery] = deque()  # to deliver again in this round, before what arrives next
         self._skip: dict[int, frozenset[int]] = {}  # sequence -> TP ranks that already had all of it
+        self._intake: asyncio.Task | None = None
+        self._num_minibatches = registration.num_minibatches
         self._bytes_read = 0
         self._bytes_needed = 0
         self.acknowledged_sequence = registration.acknowledged_sequence
@@ -133,6 +136,7 @@ class Sidecar:
         self.tp = registration.topology.encoder(encoder).tp if encoder else registration.topology.backbone.tp
         self.cp = registration.topology.backbone.cp
         metrics.slots.set(ring.slots)
+        self._describe = Describer(incarnation=incarnation, consumer=consumer, cp=self.cp, tp=self.tp)
 
     @property
     def counters(self) -> SidecarCounters:
@@ -152,7 +156,7 @@ class Sidecar:
     async def run(self) -> None:
         """Consume the source until it ends (then let the trainers drain the ring) or the task is cancelled."""
         acks = asyncio.create_task(self._acknowledge_in_order(), name=f"acks-{self.consumer}")
-        intake = asyncio.create_task(self._take_assignments(self._arrived), name=f"intake-{self.consumer}")
+        self._intake = asyncio.create_task(self._take_assignments(self._arrived), name=f"intake-{self.consumer}")
         try:
             while True:
                 if self._again:
@@ -172,7 +176,8 @@ class Sidecar:
             await acks  # finishes once the trainers released everything and the last ack went out
         finally:
             acks.cancel()
-            intake.cancel()
+            if self._intake is not None:
+                self._intake.cancel()
             for task in list(self._judging):
                 task.cancel()
 
@@ -276,8 +281,9 @@ class Sidecar:
                 await self.ring.abandon(lease)
                 return
             self._account(outcome, pack_seconds)
-            build = functools.partial(self._descriptor, event=event, micro=micro, position=position,
-                                      count=count, layout=layout, lease=lease, assigned_at=assigned_at)
+            build = functools.partial(self._describe.descriptor, event=event, micro=micro, position=position,
+                                      count=count, layout=layout, lease=lease, assigned_at=assigned_at,
+                                      delivery_round=round_)
             await self.ring.publish(lease, build, skip=self._skip.get(event.sequence, frozenset()))
             self._metrics.published.inc()
             self._metrics.slots_occupied.set(self.ring.occupied)
@@ -318,7 +324,8 @@ class Sidecar:
         self._delivered(self._tracker.cut_short(event.sequence, count - position - 1))
         empty = MicroBatchAssignment(index=0, last=True, num_loss_tokens=0, items=())
         build = functools.partial(
-            self._descriptor, event=event, micro=empty, position=position, count=count,
+            self._describe.descriptor, event=event, micro=empty, position=position, count=count,
+            delivery_round=round_,
             layout=PackLayout(tensors=(), used_bytes=0, scratch_bytes=0, reads=(), item_offsets=(), num_tokens=0),
             lease=lease, assigned_at=event.received_at or time.time(), failure=failure,
         )
@@ -369,55 +376,6 @@ class Sidecar:
         self._metrics.read_seconds.observe(outcome.seconds)
         self._metrics.pack_seconds.observe(pack_seconds)
 
-    def _descriptor(
-        self,
-        ticket: int,
-        *,
-        event: AssignmentEvent,
-        micro: MicroBatchAssignment | EncoderMicroBatchAssignment,
-        position: int,
-        count: int,
-        layout: PackLayout,
-        lease: SlotLease,
-        assigned_at: float,
-        failure: MiniBatchFailure | None = None,
-    ) -> MicroBatchDescriptor:
-        admission = event.admission
-        backbone = isinstance(micro, MicroBatchAssignment)
-        encoder_inputs = () if backbone or failure is not None or not event.num_units \
-            else event.encoder_input_messages(position)
-        return MicroBatchDescriptor(
-            ticket=ticket,
-            incarnation=self.incarnation,
-            sequence=event.sequence,
-            train_batch_index=admission.train_batch_index,
-            minibatch_index=admission.minibatch_index,
-            num_minibatches=admission.num_minibatches,
-            train_version=admission.train_version,
-            microbatch_index=position,
-            num_microbatches=count,
-            last_in_minibatch=position == count - 1 or failure is not None,
-            minibatch_loss_tokens=event.global_loss_tokens,
-            microbatch_loss_tokens=micro.num_loss_tokens if backbone else 0,
-            segment=lease.segment,
-            slot=lease.slot,
-            used_bytes=layout.used_bytes,
-            tensors=layout.tensors,
-            role=self.consumer.role,
-            dp_rank=self.consumer.dp_rank,
-            cp_rank=self.consumer.cp_rank,
-            cp=self.cp,
-            tp=self.tp,
-            trajectory_ids=tuple(i.trajectory.trajectory_id for i in micro.items) if backbone else (),
-            trajectory_indices=tuple(i.trajectory_index for i in micro.items) if backbone else (),
-            encodings=layout.encodings,
-            encoder_input_messages=encoder_inputs,
-            assigned_at=assigned_at,
-            published_at=time.time(),
-            failure=failure,
-            delivery_round=self._round,
-        )
-
     # ---- releases and acknowledgements ----------------------------------------------------------------------
 
     async def release(self, ticket: int, tp_rank: int, *, waited_seconds: float) -> bool:
@@ -439,10 +397,15 @@ class Sidecar:
             self._skip.pop(sequence, None)
             self._acks.put_nowait(sequence)
 
-    async def trainer_called(self, tp_rank: int, session: str) -> None:
+    async def trainer_called(self, tp_rank: int, session: str, restored: tuple[int, int] | None = None) -> None:
         """A trainer process of ``tp_rank`` asks for micro-batches from ``session``. A new session of a rank
         that called before is a restart: if a TP rank is partway through a mini-batch, start a new delivery
-        round (see :mod:`knittrans.reorg.rounds`)."""
+        round (see :mod:`knittrans.reorg.rounds`). A process restored from a checkpoint holding step
+        ``restored`` (train batch, mini-batch) gets the mini-batches after it again."""
+        if restored is not None:
+            if self._ranks.restores(tp_rank, session, restored):
+                await self._restore(tp_rank, restored)
+            return
         if not self._ranks.called_from(tp_rank, session) or not self._ranks.partway or not self._in_flight:
             return
         start = next(iter(self._in_flight))
@@ -458,6 +421,28 @@ class Sidecar:
         logger.warning("%s: TP rank %d restarted in the middle of a mini-batch; delivery round %d delivers "
                        "mini-batch %d and what follows again from micro-batch 0 (%d published micro-batches "
                        "withdrawn)", self.consumer, tp_rank, self._round, start, withdrawn)
+
+    async def _restore(self, tp_rank: int, step: tuple[int, int]) -> None:
+        """Withdraw everything published and stream the assignments after ``step`` again, as a new round."""
+        after = step[0] * self._num_minibatches + step[1] + 1  # sequences count mini-batches from 1
+        self._round += 1
+        if self._intake is not None:
+            self._intake.cancel()
+        while not self._arrived.empty():
+            self._arrived.get_nowait()
+        withdrawn = await self.ring.withdraw(lambda d: True, restarted=tp_rank)
+        self._tracker.rewind(1)
+        self._in_flight.clear()
+        self._again.clear()
+        self._skip = {}
+        self._source.restart_after(after)
+        if self._intake is not None:
+            self._intake = asyncio.create_task(self._take_assignments(self._arrived), name=f"intake-{self.consumer}")
+        self._arrived.put_nowait(_WAKE)
+        self._metrics.slots_occupied.set(self.ring.occupied)
+        logger.warning("%s: TP rank %d restored a checkpoint at train batch %d, mini-batch %d; delivery round %d "
+                       "delivers mini-batch %d and what follows again (%d published micro-batches withdrawn)",
+                       self.consumer, tp_rank, step[0], step[1], self._round, after + 1, withdrawn)
 
     async def _acknowledge_in_order(self) -> None:
         while True:

@@ -34,6 +34,18 @@ def check_checkpoint(request: pb.ReportCheckpointRequest, ledger: AdmissionLedge
                                  field="train_batch_index")
 
 
+def check_streamable(ledger: AdmissionLedger, after: int) -> None:
+    """A stream from ``after`` must start at a mini-batch that is still held: one released since (its units are
+    deleted) cannot be delivered again, and skipping it would be a silent gap."""
+    following = after + 1
+    if following >= ledger.next_sequence:
+        return
+    minibatch = ledger.minibatches.get(following)
+    if minibatch is None or minibatch.released:
+        raise FailedPrecondition(f"mini-batch {following} was released: its units are gone (retain mini-batches for "
+                                 "restored jobs with retain_until_checkpoint or retain_steps)", field="after_sequence")
+
+
 async def report_checkpoint(
     request: pb.ReportCheckpointRequest,
     *,

@@ -22,7 +22,7 @@ from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
-from knittrans.admission.service.checkpoints import report_checkpoint
+from knittrans.admission.service.checkpoints import check_streamable, report_checkpoint
 from knittrans.admission.service.gc_pacing import collect_young_objects
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
@@ -299,6 +299,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             topology=topology_to_proto(self._ledger.settings.topology),
             acknowledged_sequence=self._ledger.acknowledged[consumer],
             job=self._job,
+            num_minibatches=self._ledger.settings.engine.num_minibatches,
         )
 
     async def WatchAssignments(
@@ -309,6 +310,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         after = request.after_sequence
         if after >= self._ledger.next_sequence + 1_000_000:
             raise InvalidArgument("is far beyond the last assignment", field="after_sequence")
+        check_streamable(self._ledger, after)
         while True:
             async with self._published:
                 await self._published.wait_for(lambda last=after: self._ledger.next_sequence - 1 > last or self._closed)
