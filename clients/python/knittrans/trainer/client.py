@@ -47,7 +47,11 @@ version advances after the last mini-batch of a train batch). The admission serv
 The mini-batch is the unit of delivery (DESIGN.md §9). A rank whose process restarts gets the mini-batch it
 was in again from micro-batch 0, never the rest of it; its consumer's other TP ranks, if still running, get
 :class:`~knittrans.errors.MiniBatchRestarted` from the micro-batch iterator of that mini-batch and then the
-mini-batch again, whole (docs/failures.md). A restarted mini-batch is not reported done.
+mini-batch again, whole (docs/failures.md). A restarted mini-batch is not reported done. ``mini.step`` (a
+:class:`~knittrans.steps.StepId`) names the step for checkpoints; a process restored from a checkpoint passes
+its step (``TrainerClient(settings, restored_step=step)``) and gets the mini-batches after it again, when the
+admission service retains them (``retain_until_checkpoint``; global rank 0 reports checkpoints with
+``AdmissionClient.report_checkpoint``).
 """
 
 from __future__ import annotations
