@@ -52,7 +52,7 @@ def test_a_job_restored_from_a_checkpoint_gets_the_same_minibatches_after_it_byt
 
     second, output = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0,
                                    admission=stack.address, minibatches=4, name="run2",
-                                   extra=("--restored-step", "0:1"))
+                                   extra=("--restored-step", "0:1", "--record-admitted"))
     result = finish(second, output)
     assert "error" not in result, result
     steps = result["minibatches"]

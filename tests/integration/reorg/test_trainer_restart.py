@@ -46,7 +46,8 @@ def test_a_rank_killed_mid_minibatch_gets_it_again_from_its_first_microbatch(sta
     first.kill()
 
     second, output = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0,
-                                   admission=stack.address, minibatches=MINIBATCHES, name="rank0-run2")
+                                   admission=stack.address, minibatches=MINIBATCHES, name="rank0-run2",
+                                   extra=("--record-admitted",))
     result = finish(second, output)
     assert "error" not in result, result
     steps = result["minibatches"]
@@ -61,7 +62,7 @@ def test_the_live_tp_rank_restarts_the_minibatch_with_the_killed_one(stack_tp2: 
     live, live_output = start_trainer(
         stack.directory, socket=stack.socket, tp_rank=0, global_rank=0, admission=stack.address,
         minibatches=MINIBATCHES, name="tp0", extra=("--progress", str(live_progress), "--hold-at", "1",
-                                                    "--hold-until-restart"))
+                                                    "--hold-until-restart", "--record-admitted"))
     doomed, _ = start_trainer(stack.directory, socket=stack.socket, tp_rank=1, global_rank=1,
                               admission=stack.address, minibatches=MINIBATCHES, name="tp1-run1",
                               extra=("--progress", str(doomed_progress), "--hold-at", "1"))
@@ -72,7 +73,8 @@ def test_the_live_tp_rank_restarts_the_minibatch_with_the_killed_one(stack_tp2: 
     doomed.kill()
 
     restarted, restarted_output = start_trainer(stack.directory, socket=stack.socket, tp_rank=1, global_rank=1,
-                                                admission=stack.address, minibatches=MINIBATCHES, name="tp1-run2")
+                                                admission=stack.address, minibatches=MINIBATCHES, name="tp1-run2",
+                                                extra=("--record-admitted",))
     live_result, restarted_result = finish(live, live_output), finish(restarted, restarted_output)
     for result in (live_result, restarted_result):
         assert "error" not in result, result

@@ -13,7 +13,8 @@ loop at micro-batch I of the first mini-batch, holding it (a "holding" line says
 ``--hold-sequence S``, at micro-batch I of mini-batch S instead. A mini-batch that raises MiniBatchRestarted is
 recorded and not counted as a step. ``--checkpoint-at S`` reports a checkpoint after the step on mini-batch S
 (``ReportCheckpoint``); ``--restored-step T:M`` starts as a process restored from a checkpoint holding step
-(train batch T, mini-batch M).
+(train batch T, mini-batch M). ``--record-admitted`` records each mini-batch's admitted trajectories as the
+sidecar retains them.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-sequence", type=int, default=0)
     parser.add_argument("--checkpoint-at", type=int, default=0)
     parser.add_argument("--restored-step", default="")
+    parser.add_argument("--record-admitted", action="store_true",
+                        help="ask the sidecar (GetMiniBatch) for each mini-batch's admitted trajectories")
     args = parser.parse_args(argv)
     progress = open(args.progress, "a") if args.progress else None
 
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     "minibatch_index": mini.minibatch_index, "global_loss_tokens": mini.global_loss_tokens,
                     "num_microbatches": mini.num_microbatches, "consumer": str(mini.consumer),
                     "step": [step.train_batch_index, step.minibatch_index, step.train_version],
-                    "admitted": list(mini.context.admitted_trajectory_ids),
+                    "admitted": list(mini.context.admitted_trajectory_ids) if args.record_admitted else None,
                     "microbatches": micros,
                 })
                 if len(result["minibatches"]) == args.minibatches:
