@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from knittrans.steps import StepId
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext
 from knittrans.trainer.client import TrainerClient
 from knittrans.trainer.progress import ProgressReporter
@@ -39,8 +40,14 @@ T = TypeVar("T")
 class AsyncTrainerClient:
     """A training rank's client of its reorg sidecar, for ``async for`` (see the module docstring)."""
 
-    def __init__(self, settings: TrainerSettings, *, progress: ProgressReporter | None = None) -> None:
-        self._client = TrainerClient(settings, progress=progress)
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        *,
+        progress: ProgressReporter | None = None,
+        restored_step: StepId | None = None,
+    ) -> None:
+        self._client = TrainerClient(settings, progress=progress, restored_step=restored_step)
         # One thread steps the iterators: their steps never run concurrently, and always on the same thread.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"knittrans-aio-tp{settings.tp_rank}")
         self._closed = False

@@ -35,6 +35,7 @@ from knittrans.client.model import (
 from knittrans.client.transport import BlockingTransport
 from knittrans.reservations import UnitReservation
 from knittrans.retry import RetryPolicy
+from knittrans.steps import StepId
 from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import trajectory_pb2
 
@@ -145,6 +146,10 @@ class AdmissionClient:
 
     def advance_version(self, train_batch_index: int, new_version: int, *, deadline: timedelta | None = None) -> int:
         return run_to_completion(self._client.advance_version(train_batch_index, new_version, deadline=deadline))
+
+    def report_checkpoint(self, step: StepId, *, deadline: timedelta | None = None) -> StepId:
+        """A checkpoint holds every step up to and including ``step`` (see ``ReportCheckpoint``)."""
+        return run_to_completion(self._client.report_checkpoint(step, deadline=deadline))
 
     def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
         """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""

@@ -41,6 +41,7 @@ from knittrans.client.model import (
 from knittrans.client.transport import AioTransport, Transport
 from knittrans.reservations import UnitReservation
 from knittrans.retry import RetryPolicy
+from knittrans.steps import StepId
 from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
@@ -178,6 +179,15 @@ class AsyncAdmissionClient:
         )
         response: pb.AdvanceVersionResponse = await self._idempotent("AdvanceVersion", request, deadline)
         return response.version
+
+    async def report_checkpoint(self, step: StepId, *, deadline: timedelta | None = None) -> StepId:
+        """A checkpoint holds every step up to and including ``step``; returns the latest checkpoint the service
+        knows (its ``train_version`` is 0: the service keeps the step's position only)."""
+        request = pb.ReportCheckpointRequest(request_id=new_request_id(), train_batch_index=step.train_batch_index,
+                                             minibatch_index=step.minibatch_index)
+        response: pb.ReportCheckpointResponse = await self._idempotent("ReportCheckpoint", request, deadline)
+        return StepId(train_batch_index=response.checkpoint_train_batch_index,
+                      minibatch_index=response.checkpoint_minibatch_index)
 
     async def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
         """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""

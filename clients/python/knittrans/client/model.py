@@ -61,6 +61,7 @@ class Registration:
     topology: Topology
     acknowledged_sequence: int
     job: str
+    num_minibatches: int = 1  # per train batch: sequence s is mini-batch (s-1) % n of train batch (s-1) // n
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +202,8 @@ def progress_stage_to_proto(stage: ProgressStage) -> pb.ProgressStage:
 
 def registration_from_proto(response: pb.RegisterConsumerResponse) -> Registration:
     return Registration(topology=topology_from_proto(response.topology),
-                        acknowledged_sequence=response.acknowledged_sequence, job=response.job)
+                        acknowledged_sequence=response.acknowledged_sequence, job=response.job,
+                        num_minibatches=response.num_minibatches or 1)
 
 
 def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:

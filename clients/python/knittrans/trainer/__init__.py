@@ -9,6 +9,7 @@ layout it reads is :mod:`knittrans.packed`, shared with the sidecar's packer.
 """
 
 from knittrans.packed.tensors import PackedEncodingUse, TensorSpec
+from knittrans.steps import StepId
 from knittrans.trainer.client import (
     DeliveryMode,
     MicroBatch,
@@ -32,6 +33,7 @@ __all__ = [
     "NonTensorBatch",
     "PackedEncodingUse",
     "ProgressReporter",
+    "StepId",
     "TensorSpec",
     "TrainerClient",
     "TrainerSettings",

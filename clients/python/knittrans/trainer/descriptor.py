@@ -75,6 +75,9 @@ class MicroBatchDescriptor:
     failure: MiniBatchFailure | None = None
     # Backbone: per packed item, its trajectory's metadata (name, value), sorted by name; empty when none has any.
     item_metadata: tuple[tuple[tuple[str, MetadataValue], ...], ...] = ()
+    # Bumped each time the sidecar restarted delivery because a TP rank restarted mid-mini-batch: what a rank
+    # holds of an older round was withdrawn, and its current mini-batch comes again from micro-batch 0.
+    delivery_round: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tensors", "trajectory_ids", "trajectory_indices", "encodings", "encoder_input_messages",
@@ -162,6 +165,7 @@ class MicroBatchDescriptor:
             tp=self.tp,
             assigned_at=self.assigned_at,
             published_at=self.published_at,
+            delivery_round=self.delivery_round,
             failure=None if self.failure is None else pb.MiniBatchFailure(
                 trajectory_id=self.failure.trajectory_id, unit_key=self.failure.unit_key, reason=self.failure.reason),
             item_metadata=[values_to_proto(TrajectoryValues(metadata=item)) for item in self.item_metadata],
@@ -220,6 +224,7 @@ class MicroBatchDescriptor:
             encoder_input_messages=tuple(message.encoder_inputs),
             assigned_at=message.assigned_at,
             published_at=message.published_at,
+            delivery_round=message.delivery_round,
             failure=within("failure", lambda: MiniBatchFailure(
                 trajectory_id=message.failure.trajectory_id, unit_key=message.failure.unit_key,
                 reason=message.failure.reason)) if message.HasField("failure") else None,

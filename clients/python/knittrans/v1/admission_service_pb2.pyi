@@ -99,14 +99,16 @@ class RegisterConsumerRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ...) -> None: ...
 
 class RegisterConsumerResponse(_message.Message):
-    __slots__ = ("topology", "acknowledged_sequence", "job")
+    __slots__ = ("topology", "acknowledged_sequence", "job", "num_minibatches")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    NUM_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     topology: _topology_pb2.Topology
     acknowledged_sequence: int
     job: str
-    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
+    num_minibatches: int
+    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ..., num_minibatches: _Optional[int] = ...) -> None: ...
 
 class WatchAssignmentsRequest(_message.Message):
     __slots__ = ("consumer", "after_sequence")
@@ -145,6 +147,26 @@ class ReportProgressResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ReportCheckpointRequest(_message.Message):
+    __slots__ = ("request_id", "train_batch_index", "minibatch_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    train_batch_index: int
+    minibatch_index: int
+    def __init__(self, request_id: _Optional[str] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
+
+class ReportCheckpointResponse(_message.Message):
+    __slots__ = ("released_minibatches", "checkpoint_train_batch_index", "checkpoint_minibatch_index")
+    RELEASED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    released_minibatches: int
+    checkpoint_train_batch_index: int
+    checkpoint_minibatch_index: int
+    def __init__(self, released_minibatches: _Optional[int] = ..., checkpoint_train_batch_index: _Optional[int] = ..., checkpoint_minibatch_index: _Optional[int] = ...) -> None: ...
 
 class AdvanceVersionRequest(_message.Message):
     __slots__ = ("request_id", "train_batch_index", "new_version")

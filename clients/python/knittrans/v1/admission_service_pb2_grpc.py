@@ -91,6 +91,11 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.FromString,
                 _registered_method=True)
+        self.ReportCheckpoint = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/ReportCheckpoint',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -201,6 +206,18 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCheckpoint(self, request, context):
+        """The trainer's global rank 0 reports a checkpoint that holds every optimizer step up to and including
+        the named one. With `retain_until_checkpoint`, a mini-batch's units are released only once every consumer
+        reported its optimizer step and a checkpoint covers it, so that a job restored from the checkpoint gets
+        the mini-batches after it again (WatchAssignments from their sequence). Journaled; idempotent and
+        monotonic: a checkpoint at or before the latest one changes nothing. A step not admitted yet is
+        FAILED_PRECONDITION naming `train_batch_index`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +275,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.WaitMiniBatchVerdict,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.SerializeToString,
+            ),
+            'ReportCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoint,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +581,33 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/WaitMiniBatchVerdict',
             knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/ReportCheckpoint',
+            knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -197,6 +197,10 @@ class AssignmentSource(Protocol):
 
     async def wait_verdict(self, sequence: int) -> Verdict: ...
 
+    def restart_after(self, sequence: int) -> None:
+        """The next iteration yields the assignments after ``sequence`` (a restored job's), even delivered ones."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -231,6 +235,7 @@ class PlannedAssignmentSource:
         self.acknowledged = acknowledged_sequence
         self.failures: list[FailureReport] = []
         self.verified: list[int] = []
+        self._after = acknowledged_sequence
 
     async def register(self) -> Registration:
         return Registration(topology=self._topology, acknowledged_sequence=self.acknowledged, job=self._job)
@@ -238,7 +243,7 @@ class PlannedAssignmentSource:
     async def _events(self) -> AsyncIterator[AssignmentEvent]:
         for offset, (admission, plan) in enumerate(self._plans):
             sequence = self._first + offset
-            if sequence <= self.acknowledged:
+            if sequence <= self._after:
                 continue
             received_at = time.time()
             part = plan.for_consumer(self._consumer)
@@ -262,6 +267,9 @@ class PlannedAssignmentSource:
     async def wait_verdict(self, sequence: int) -> Verdict:
         failure = next((r.failure for r in self.failures if r.sequence == sequence), None)
         return Verdict(failure=failure)
+
+    def restart_after(self, sequence: int) -> None:
+        self._after = sequence
 
     async def close(self) -> None:
         return None
@@ -346,6 +354,9 @@ class AdmissionAssignmentSource:
                     raise error_from_rpc(error) from None
             finally:
                 await stream.aclose()
+
+    def restart_after(self, sequence: int) -> None:
+        self._received = sequence
 
     async def acknowledge(self, sequence: int) -> None:
         await self._client.report_progress(self._consumer, sequence, ProgressStage.DELIVERED,

@@ -94,6 +94,7 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
             initial_version=settings.initial_version,
             max_report_batch=settings.max_report_batch,
             schema=settings.schema,
+            retention=settings.retention,
         )
     )
     metrics = AdmissionMetrics(registry, settings.engine.sources)

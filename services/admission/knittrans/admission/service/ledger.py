@@ -19,7 +19,6 @@ import logging
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
 from knittrans.admission.engine.decisions import BlockingReason, DropReason, Wait
@@ -31,6 +30,13 @@ from knittrans.admission.service.ingest.report import Classified, check_keys, ch
 from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
 from knittrans.admission.service.records import admit_of, drop_of, failure_consumer, wait_of
 from knittrans.admission.service.reservation_records import apply_cancelled, apply_reserved
+from knittrans.admission.service.retention import (
+    AdmittedMiniBatch,
+    RetentionPolicy,
+    StepKey,
+    Verdict,
+    due_for_release,
+)
 from knittrans.admission.service.schema import JobSchema, declared_schema, schema_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition, InvalidArgument
@@ -44,7 +50,7 @@ from knittrans.types import (
     TrajectoryId,
     UnitKey,
 )
-from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2
+from knittrans.v1 import admission_service_pb2, journal_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +71,6 @@ def all_consumers(topology: Topology) -> tuple[ConsumerId, ...]:
     return tuple(consumers)
 
 
-class Verdict(StrEnum):
-    """Whether an admitted mini-batch may be delivered: decided once, by whichever comes first in the journal,
-    every planned consumer's VERIFIED (OK) or a consumer's failure (FAILED), and never changed afterwards."""
-
-    PENDING = "pending"
-    OK = "ok"
-    FAILED = "failed"
-
-
 @dataclass(frozen=True, kw_only=True)
 class LedgerSettings:
     engine: EngineConfig
@@ -82,23 +79,7 @@ class LedgerSettings:
     initial_version: int = 0
     max_report_batch: int = 10_000
     schema: TrajectorySchema | None = None  # declared in the config; None: the first trajectory fixes it
-
-
-@dataclass
-class AdmittedMiniBatch:
-    """An admitted mini-batch, kept until every planned consumer reported its optimizer step."""
-
-    sequence: int
-    admission: admission_pb2.MiniBatchAdmission
-    trajectory_ids: tuple[TrajectoryId, ...]
-    owed_steps: set[ConsumerId]
-    dispatch: MiniBatchDispatch | None = None  # its plan, derived from the metadata on demand; never journaled
-    verified: set[ConsumerId] = field(default_factory=set)  # consumers that verified it, while PENDING
-    verdict: Verdict = Verdict.PENDING
-
-    @property
-    def released(self) -> bool:
-        return not self.owed_steps
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
 
 class _Block:
@@ -119,7 +100,8 @@ class Applied:
     admitted: AdmittedMiniBatch | None = None
     dropped: tuple[TrajectoryId, ...] = ()
     drop_reason: DropReason | None = None
-    released: AdmittedMiniBatch | None = None
+    released: AdmittedMiniBatch | None = None  # the last mini-batch it released
+    released_count: int = 0
     freed_keys: tuple[UnitKey, ...] = ()
     changed_blocking: bool = False
     version_changed: bool = False
@@ -158,6 +140,7 @@ class AdmissionLedger:
         self.admitted_total = 0
         self.dropped_stale = 0
         self.released_minibatches = 0
+        self.checkpoint: StepKey | None = None  # the latest reported checkpoint's last step
         self.quota_violations = 0
         # What every accepted trajectory must agree on, so that any of them can be packed together; fixed by the
         # first accepted trajectory applied (the same one on replay), unless the config declares it.
@@ -320,13 +303,27 @@ class AdmissionLedger:
         if minibatch is None or consumer not in minibatch.owed_steps:
             return Applied()
         minibatch.owed_steps.discard(consumer)
-        if not minibatch.released:
+        return self._release_due() if minibatch.stepped else Applied()
+
+    def _apply_checkpoint(self, record: journal_pb2.JournalRecord) -> Applied:
+        step = (record.checkpoint.train_batch_index, record.checkpoint.minibatch_index)
+        if self.checkpoint is not None and step <= self.checkpoint:
             return Applied()
-        self.released_minibatches += 1
-        freed = self._release_trajectories(minibatch.trajectory_ids)
-        minibatch.dispatch = None
+        self.checkpoint = step
+        return self._release_due()
+
+    def _release_due(self) -> Applied:
+        """Release the stepped mini-batches that retention lets go (:mod:`.retention`)."""
+        held = [m for _, m in sorted(self.minibatches.items()) if m.stepped and not m.released]
+        due = [held[i] for i in due_for_release([m.step for m in held], self.checkpoint, self.settings.retention)]
+        freed: list[UnitKey] = []
+        for minibatch in due:
+            self.released_minibatches += 1
+            freed.extend(self._release_trajectories(minibatch.trajectory_ids))
+            minibatch.released = True
+            minibatch.dispatch = None
         self._forget_finished()
-        return Applied(released=minibatch, freed_keys=freed)
+        return Applied(released=due[-1] if due else None, released_count=len(due), freed_keys=tuple(freed))
 
     def _verified(self, consumer: ConsumerId, sequence: int) -> Applied:
         minibatch = self.minibatches.get(sequence)

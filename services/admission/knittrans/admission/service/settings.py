@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knittrans.admission.engine import EngineConfig
+from knittrans.admission.service.retention import RetentionPolicy
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
 from knittrans.serving.settings import ServerSettings
@@ -25,7 +26,9 @@ class AdmissionServiceSettings:
     replaced at most this long after (see job_lease). ``unreported_unit_ttl_seconds`` is how long a reservation of
     units outlives its trajectory's missing report: then its units are deleted (a rollout that died between
     writing and reporting; see expiry). ``schema`` is the trajectory schema every report is held to
-    (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it."""
+    (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it.
+    ``retain_steps`` and ``retain_until_checkpoint`` keep the units of mini-batches every consumer stepped on for
+    a job restored from a checkpoint (see retention)."""
 
     engine: EngineConfig
     topology: Topology
@@ -41,6 +44,8 @@ class AdmissionServiceSettings:
     mutation_wait_seconds: float = 10.0
     lease_ttl_seconds: float = 20.0
     unreported_unit_ttl_seconds: float = 600.0
+    retain_steps: int = 0
+    retain_until_checkpoint: bool = False
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
 
     def __post_init__(self) -> None:
@@ -56,6 +61,7 @@ class AdmissionServiceSettings:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)
         if not 0 < self.unreported_unit_ttl_seconds <= 7 * 86400:
             raise InvalidArgument("must be in (0, 604800] seconds", field="unreported_unit_ttl_seconds")
+        _ = self.retention  # validates retain_steps and retain_until_checkpoint
         if not self.label_fields:
             raise InvalidArgument("name at least one field that labels come from", field="label_fields")
         if self.schema is not None:
@@ -63,3 +69,7 @@ class AdmissionServiceSettings:
                 self.schema.check_label_fields(self.label_fields)
             except InvalidArgument as exc:
                 raise InvalidArgument(exc.message, field=f"schema.{exc.field}") from exc
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(retain_steps=self.retain_steps, retain_until_checkpoint=self.retain_until_checkpoint)
