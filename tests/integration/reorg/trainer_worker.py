@@ -66,10 +66,13 @@ def describe(micro) -> dict:
             "tensors": sorted(micro.keys())}
 
 
-def describe_mini(mini, micros: list[dict]) -> dict:
+def describe_mini(mini, micros: list[dict], admitted: list[str] | None = None) -> dict:
+    step = mini.step
     return {"sequence": mini.sequence, "train_batch_index": mini.train_batch_index,
             "minibatch_index": mini.minibatch_index, "global_loss_tokens": mini.global_loss_tokens,
-            "num_microbatches": mini.num_microbatches, "consumer": str(mini.consumer), "microbatches": micros}
+            "num_microbatches": mini.num_microbatches, "consumer": str(mini.consumer),
+            "step": [step.train_batch_index, step.minibatch_index, step.train_version], "admitted": admitted,
+            "microbatches": micros}
 
 
 def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, note, restored: StepId | None) -> None:
@@ -98,14 +101,8 @@ def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, n
                 with AdmissionClient(args.admission) as admission:
                     admission.report_checkpoint(step)
             note(event="step", sequence=mini.sequence, indices=[m["index"] for m in micros])
-            result["minibatches"].append({
-                "sequence": mini.sequence, "train_batch_index": mini.train_batch_index,
-                "minibatch_index": mini.minibatch_index, "global_loss_tokens": mini.global_loss_tokens,
-                "num_microbatches": mini.num_microbatches, "consumer": str(mini.consumer),
-                "step": [step.train_batch_index, step.minibatch_index, step.train_version],
-                "admitted": list(mini.context.admitted_trajectory_ids) if args.record_admitted else None,
-                "microbatches": micros,
-            })
+            admitted = list(mini.context.admitted_trajectory_ids) if args.record_admitted else None
+            result["minibatches"].append(describe_mini(mini, micros, admitted))
             if len(result["minibatches"]) == args.minibatches:
                 break
         result["stats"] = {"restarts_seen": client.stats.restarts_seen,

@@ -141,6 +141,11 @@ class AsyncMiniBatch:
         return self._mini.train_version
 
     @property
+    def step(self) -> StepId:
+        """Which optimizer step this is (train batch, mini-batch, policy version): store it with a checkpoint."""
+        return self._mini.step
+
+    @property
     def num_microbatches(self) -> int:
         return self._mini.num_microbatches
 
