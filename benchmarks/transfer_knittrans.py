@@ -68,8 +68,11 @@ def placeholders(config: WorkloadConfig) -> list[TokenSpan]:
     return [TokenSpan(start=1 + k * stride, end=1 + k * stride + rows) for k in range(config.images_per_prompt)]
 
 
-def write_step(workload: Workload, store: Any, job: str, step: int) -> tuple[list[TrajectoryMeta], float]:
-    """Store one step's units (fresh ids: the service admits a trajectory once); returns the metadata."""
+def write_step(workload: Workload, store: Any, job: str, step: int,
+               version: int | None = None) -> tuple[list[TrajectoryMeta], float]:
+    """Store one step's units (fresh ids: the service admits a trajectory once); returns the metadata.
+    ``version``: the policy version that generated them (default ``step``; one less for a step reported ahead,
+    whose rollouts ran while the step before it trained)."""
     config = workload.config
     rollout = RolloutClient(store, namespace=job)
     spans = placeholders(config)
@@ -83,7 +86,8 @@ def write_step(workload: Workload, store: Any, job: str, step: int) -> tuple[lis
             fields = trajectory_fields(workload, i)
             batch.append(Trajectory(
                 trajectory_id=f"s{step}-t{i}", sample_id=f"s{step}-p{prompt}", source="bench", rollout_step=step,
-                segments=(VersionSegment(version=step, num_tokens=workload.lengths[i]),), fields=fields,
+                segments=(VersionSegment(version=step if version is None else version,
+                                         num_tokens=workload.lengths[i]),), fields=fields,
                 multimodal=tuple(MultimodalInput(data=images[k], encoder=ENCODER, cost=cost, placeholder=spans[k])
                                  for k in range(config.images_per_prompt)),
                 loss_mask_field=None, finished_at=float(step),
@@ -285,7 +289,9 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
     results = context.Queue()
     store = open_store(cluster.store_url, job=cluster.job)
     arm = f"knittrans-{mode.value}"
-    written = [write_step(workload, store, cluster.job, first_step + step) for step in range(total)]
+    ahead = [report_ahead and warmup_steps < step for step in range(total)]
+    written = [write_step(workload, store, cluster.job, first_step + step, first_step + step - ahead[step])
+               for step in range(total)]
     processes = []
     for d in range(config.dp):
         task = GroupTask(
