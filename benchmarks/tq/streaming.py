@@ -16,10 +16,12 @@ not read by this arm, which favours TransferQueue.
 
 Per step the step's rows are put under fresh keys into one streaming partition; the clock of a DP group starts
 at the later of the last put returning and the group's loop asking for the step, as for every arm
-(:func:`transfer_accounting.one_clock_exposed`). Every step is cold (put while the loops wait), so each
-measured step is a sample of the cold figure. ``put_ahead`` (put every later step as soon as the one before it,
-the steady state) is off: in a smoke run with it on, the loaders never received the third step's rows (their
-workers kept polling; not diagnosed), so this arm reports no steady-state figure.
+(:func:`transfer_accounting.one_clock_exposed`). This arm has no cold step: a worker prefetches past the end of
+its group's share, and the sampler serves ready rows first come, first served to whichever DP group asks, so a
+group's prefetch takes rows another group needs for the current step. With only the current step's rows put,
+that starves a group until the next step's rows arrive (seen in smoke runs: the loaders kept polling forever).
+The arm therefore keeps ``lead`` steps of rows put ahead (enough to cover every worker's prefetch), which is the
+steady state, and reports that figure only.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class StreamingArm:
             raise ValueError("num_prompts x rollouts_per_prompt must be a multiple of dp for this arm")
         self.rows = rows_per_micro_batch(per_group, planned_micro_batches)
         self.micro_batches = per_group // self.rows
-        self._next_step = 0
+        self._next_step = 0  # the next step to consume, session-wide
+        self._put_through = 0  # steps put so far, session-wide
+        self._put_at: dict[int, float] = {}
         self._iterators: dict[tuple[int, int, int], Iterator[Any]] = {}
         for rank in config.topology.ranks():
             dataset = StreamingDataset(config=tq_config, batch_size=self.rows, micro_batch_size=self.rows,
@@ -115,39 +119,39 @@ class StreamingArm:
         except BaseException as error:  # the arm fails with it once the other groups are done
             failed.append(f"DP group {dp_rank}: {type(error).__name__}: {error}")
 
-    async def run(self, *, warmup_steps: int, steps: int, put_ahead: bool = False) -> dict[str, Any]:
+    async def run(self, *, warmup_steps: int, steps: int) -> dict[str, Any]:
         config = self._workload.config
         total = warmup_steps + steps
         first = self._next_step
         self._next_step += total
+        # Rows put ahead must cover every worker's prefetch beyond the current step (see the module docstring).
+        lead = -(-PREFETCH_FACTOR // self.micro_batches)
         records: list[list[dict[str, Any]]] = [[{} for _ in range(config.dp)] for _ in range(total)]
         failed: list[str] = []
         groups = [threading.Thread(target=self._group, args=(d, total, records, failed), daemon=True)
                   for d in range(config.dp)]
-        put_at: dict[int, float] = {}
         for group in groups:
             group.start()
         for step in range(total):
-            if step not in put_at:
-                put_at[step] = await self._put(first + step)
-            if put_ahead and warmup_steps <= step < total - 1:
-                put_at[step + 1] = await self._put(first + step + 1)
+            while self._put_through <= first + step + lead:  # session-wide: a later run goes on from here
+                self._put_at[self._put_through] = await self._put(self._put_through)
+                self._put_through += 1
             while not failed and not all(records[step]) and any(g.is_alive() for g in groups):
                 await asyncio.sleep(0.005)
             if failed or not all(records[step]):
                 raise RuntimeError(f"{ARM}: {failed[0] if failed else 'a DP group stopped'}")
-            exposed = [one_clock_exposed(start=max(put_at[step], r["asked"]), ready=r["ready"],
+            start = self._put_at.pop(first + step)
+            exposed = [one_clock_exposed(start=max(start, r["asked"]), ready=r["ready"],
                                          compute_end=r["compute_end"]) for r in records[step]]
-            kind = "warm-up" if step < warmup_steps else "cold" if step == warmup_steps else "steady"
+            kind = "warm-up" if step < warmup_steps else "steady"
             logger.info("[%s] step %d (%s): exposed on one clock %.4f s", ARM, step, kind, max(exposed))
             records[step][0]["exposed"] = exposed
-            records[step][0]["kind"] = kind
         for group in groups:
             group.join(timeout=60)
         measured = records[warmup_steps:]
         rows_each = self._workload.num_trajectories * config.cp * config.tp
-        if any(sum(r["rows"] for r in step) != rows_each for step in measured):
-            raise RuntimeError(f"{ARM}: the ranks did not receive every row of a step {config.cp * config.tp} times")
+        if sum(r["rows"] for step in measured for r in step) != rows_each * len(measured):
+            raise RuntimeError(f"{ARM}: the ranks did not receive a step's rows {config.cp * config.tp} times")
         steps_out = [StepMeasurement(step_s=max(r["compute_end"][-1] for r in step) - min(r["asked"] for r in step),
                                      data_wait_s=tuple(step[0]["exposed"]),
                                      compute_s=tuple(r["compute_s"] for r in step),
@@ -160,13 +164,12 @@ class StreamingArm:
                         f"each, prefetch_factor {PREFETCH_FACTOR}; {self.micro_batches} micro-batches of "
                         f"{self.rows} rows per DP group, rows sampled first come first served"),
             "images": "not read by this arm (favours TransferQueue)",
-            "put_ahead": put_ahead,
-            "exposed_one_clock_cold_s": one_clock[0] if put_ahead else statistics.median(one_clock),
-            "exposed_one_clock_steady_s_per_step": (statistics.median(one_clock[1:]) if put_ahead and one_clock[1:]
-                                                    else None),
+            "steps_put_ahead": lead,
+            "exposed_one_clock_cold_s": None,
+            "exposed_one_clock_steady_s_per_step": statistics.median(one_clock),
         })
-        for step_report, step, kind in zip(report["steps"], measured, [s[0]["kind"] for s in measured], strict=True):
-            step_report.update({"exposed_one_clock_s": max(step[0]["exposed"]), "kind": kind})
+        for step_report, value in zip(report["steps"], one_clock, strict=True):
+            step_report.update({"exposed_one_clock_s": value, "kind": "steady"})
         return report
 
     def close(self) -> None:
