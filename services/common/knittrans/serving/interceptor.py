@@ -83,7 +83,7 @@ def _decoder(deserializer: Callable[[bytes], Any] | None, method: str) -> Callab
     return decode
 
 
-async def _encoder(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+def _encoder(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
     """The handler's serializer, passing ``bytes`` through: a response serialised once can go to many streams."""
     if serializer is None:
         return None
