@@ -120,8 +120,18 @@ class _Views:
         self.microbatch_loss_tokens = tuple(b.microbatch_loss_tokens.tolist())
         self.padded_tokens = tuple(b.padded_tokens.tolist())
         self.reference_encodings = tuple(layout.encodings.reference_encodings.tolist())
-        self.route = {name: tuple(getattr(route, name).tolist()) for name in
-                      ("encodings", "references", "dp_ranks", "cp_ranks", "tp_ranks", "microbatches", "starts", "ends")}
+        # Every route row's RouteEntry fields, in one pass (each row goes into exactly one encoder's part).
+        references = route.references
+        trajectories = rows.references.trajectories[references]
+        ids = rows.trajectory_ids
+        self.route_entries = [
+            {"consumer": {"role": BACKBONE_ROLE, "dp_rank": dp, "cp_rank": cp}, "tp_rank": tp, "microbatch": mb,
+             "trajectory_index": t, "trajectory_id": ids[t], "reference": r, "positions": {"start": start, "end": end},
+             "row_start": row_start}
+            for dp, cp, tp, mb, t, r, start, end, row_start in zip(*(column.tolist() for column in (
+                route.dp_ranks, route.cp_ranks, route.tp_ranks, route.microbatches, trajectories, references,
+                route.starts, route.ends, route.starts - rows.references.starts[references])), strict=True)
+        ]
         self.reference_trajectories = tuple(rows.references.trajectories.tolist())
         self.reference_starts = tuple(rows.references.starts.tolist())
         # Encoders: each encoding's first reference, and its rows of the route (sorted by encoding).
@@ -244,34 +254,10 @@ class MiniBatchDispatch:
             "cost": float(refs.costs[r]),
             "kind": rows.reference_kinds[r],
             "num_rows": end - start,
-            "routes": self._routes(lists, e, bounds),
+            "routes": lists.route_entries[bounds[e]:bounds[e + 1]],
         }
         t = lists.reference_trajectories[r]
         ref = rows.message(t).multimodal[r - rows.reference_offsets[t]]
         if ref.HasField("header"):
             fields["header"] = ref.header
         return fields
-
-    def _routes(self, lists: _Views, e: int, bounds: Sequence[int]) -> list[dict]:
-        route = lists.route
-        trajectories = lists.reference_trajectories
-        starts = lists.reference_starts
-        ids = self.rows.trajectory_ids
-        entries = []
-        for row in range(bounds[e], bounds[e + 1]):
-            reference = route["references"][row]
-            trajectory = trajectories[reference]
-            start = route["starts"][row]
-            entries.append({
-                "consumer": {
-                    "role": BACKBONE_ROLE, "dp_rank": route["dp_ranks"][row], "cp_rank": route["cp_ranks"][row]
-                },
-                "tp_rank": route["tp_ranks"][row],
-                "microbatch": route["microbatches"][row],
-                "trajectory_index": trajectory,
-                "trajectory_id": ids[trajectory],
-                "reference": reference,
-                "positions": {"start": start, "end": route["ends"][row]},
-                "row_start": start - starts[reference],
-            })
-        return entries
