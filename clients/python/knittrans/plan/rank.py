@@ -199,6 +199,7 @@ def rank_assignment(plan: Plan, dp_rank: int) -> RankAssignment:
             items=tuple(RankItem(t, plan.trajectories[t], padded[t], first[t], encodings[first[t]:first[t + 1]])
                         for t in items[offsets[g]:offsets[g + 1]]),
         ))
-    return RankAssignment(consumer=ConsumerId(role=BACKBONE_ROLE, dp_rank=dp_rank), label_fields=plan.label_fields,
+    return RankAssignment(consumer=ConsumerId(role=BACKBONE_ROLE, dp_rank=dp_rank),
+                          label_fields=frozenset(plan.label_fields),
                           minibatch_loss_tokens=b.minibatch_loss_tokens, cp=plan.topology.backbone.cp,
                           microbatches=tuple(microbatches))
