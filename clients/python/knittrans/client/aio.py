@@ -138,23 +138,26 @@ class AsyncAdmissionClient:
         return registration_from_proto(await self._idempotent("RegisterConsumer", request, deadline))
 
     def watch_assignment_messages(
-        self, consumer: ConsumerId, *, after_sequence: int = 0
+        self, consumer: ConsumerId, *, after_sequence: int = 0, include_trajectory_ids: bool = False
     ) -> AsyncGenerator[pb.WatchAssignmentsResponse, None]:
         """The raw stream (for readers that decode an assignment lazily); one connection, no retry, no
         deadline (keep-alive pings detect a dead peer). It raises ``grpc.RpcError``: a reader that
         reconnects decides which codes it retries, and maps the others with
-        :func:`~knittrans.client.connection.error_from_rpc`."""
-        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer), after_sequence=after_sequence)
+        :func:`~knittrans.client.connection.error_from_rpc`. Without ``include_trajectory_ids`` the admission
+        names no trajectories (the part names its own)."""
+        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer), after_sequence=after_sequence,
+                                             include_trajectory_ids=include_trajectory_ids)
         return self._transport.stream("WatchAssignments", request)
 
     async def watch_assignments(
         self, consumer: ConsumerId, *, after_sequence: int = 0
     ) -> AsyncGenerator[Assignment, None]:
-        """Assignments in order, decoded; the stream has no deadline (keep-alive pings detect a dead peer)."""
-        messages = self.watch_assignment_messages(consumer, after_sequence=after_sequence)
+        """Assignments in order, decoded, each with every admitted trajectory id; the stream has no deadline
+        (keep-alive pings detect a dead peer)."""
+        messages = self.watch_assignment_messages(consumer, after_sequence=after_sequence, include_trajectory_ids=True)
         try:
             async for response in messages:
-                yield assignment_from_proto(response)
+                yield assignment_from_proto(response, consumer)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         finally:

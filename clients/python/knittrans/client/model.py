@@ -15,6 +15,7 @@ from enum import StrEnum
 from knittrans.errors import InvalidArgument, KnitTransError
 from knittrans.plan import ConsumerAssignment
 from knittrans.plan.proto import assignment_from_proto as consumer_assignment_from_proto
+from knittrans.plan.rank_proto import consumer_assignment_from_rank_proto
 from knittrans.reservations import UnitReservation
 from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
@@ -206,8 +207,14 @@ def registration_from_proto(response: pb.RegisterConsumerResponse) -> Registrati
                         num_minibatches=response.num_minibatches or 1)
 
 
-def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:
+def assignment_from_proto(response: pb.WatchAssignmentsResponse, consumer: ConsumerId) -> Assignment:
+    """``consumer``'s assignment; a backbone consumer's is cut from its DP rank's part (the same message on
+    every CP rank's stream). ``trajectory_ids`` is what the stream was asked to carry (include_trajectory_ids)."""
     admission = response.admission
+    if response.WhichOneof("part") == "rank_assignment":
+        part = consumer_assignment_from_rank_proto(response.rank_assignment, consumer)
+    else:
+        part = consumer_assignment_from_proto(response.assignment)
     return Assignment(
         sequence=response.sequence,
         train_batch_index=admission.train_batch_index,
@@ -216,7 +223,7 @@ def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:
         train_version=admission.train_version,
         trajectory_ids=tuple(TrajectoryId(t) for t in admission.trajectory_ids),
         global_loss_tokens=response.global_loss_tokens,
-        assignment=consumer_assignment_from_proto(response.assignment),
+        assignment=part,
     )
 
 

@@ -111,24 +111,28 @@ class RegisterConsumerResponse(_message.Message):
     def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ..., num_minibatches: _Optional[int] = ...) -> None: ...
 
 class WatchAssignmentsRequest(_message.Message):
-    __slots__ = ("consumer", "after_sequence")
+    __slots__ = ("consumer", "after_sequence", "include_trajectory_ids")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
     consumer: _topology_pb2.ConsumerId
     after_sequence: int
-    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+    include_trajectory_ids: bool
+    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., after_sequence: _Optional[int] = ..., include_trajectory_ids: _Optional[bool] = ...) -> None: ...
 
 class WatchAssignmentsResponse(_message.Message):
-    __slots__ = ("sequence", "admission", "global_loss_tokens", "assignment")
+    __slots__ = ("sequence", "admission", "global_loss_tokens", "assignment", "rank_assignment")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    RANK_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     admission: _admission_pb2.MiniBatchAdmission
     global_loss_tokens: int
     assignment: _plan_pb2.ConsumerAssignment
-    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., assignment: _Optional[_Union[_plan_pb2.ConsumerAssignment, _Mapping]] = ...) -> None: ...
+    rank_assignment: _plan_pb2.RankAssignment
+    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., assignment: _Optional[_Union[_plan_pb2.ConsumerAssignment, _Mapping]] = ..., rank_assignment: _Optional[_Union[_plan_pb2.RankAssignment, _Mapping]] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("request_id", "consumer", "sequence", "stage")

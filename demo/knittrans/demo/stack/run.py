@@ -293,7 +293,8 @@ class DemoStack:
         """Record every admitted mini-batch as it is admitted (released ones are forgotten by the service)."""
         channel = open_channel(ConnectionSettings(target=self.admission_address))
         stub = admission_service_pb2_grpc.AdmissionServiceStub(channel)
-        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(ConsumerId(role="backbone", dp_rank=0)))
+        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(ConsumerId(role="backbone", dp_rank=0)),
+                                             include_trajectory_ids=True)
         self._admission_stream = stub.WatchAssignments(request)
 
         def record() -> None:

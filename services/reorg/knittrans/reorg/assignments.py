@@ -40,6 +40,7 @@ from knittrans.plan.proto import (
     encoding_assignment_to_proto,
     plan_from_proto,
 )
+from knittrans.plan.rank_proto import check_rank_message, consumer_assignment_from_rank_proto, cp_microbatch_from_proto
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import ConsumerId, Topology
@@ -89,9 +90,10 @@ class Admission:
 class AssignmentEvent:
     """One admitted mini-batch as this consumer sees it.
 
-    The consumer's part arrives either decoded (``assignment``) or as its protobuf (``message``); a message is
-    decoded one micro-batch at a time (:meth:`unit`), so the first micro-batch can be read and packed before
-    the rest of a large assignment is decoded.
+    The consumer's part arrives decoded (``decoded``), as its protobuf (``message``), or, for a backbone consumer
+    of the admission service, as its DP rank's part (``rank``, the same for every CP rank). A message is decoded
+    one micro-batch at a time (:meth:`unit`; from ``rank``, straight into this CP rank's cut), so the first
+    micro-batch can be read and packed before the rest of a large assignment is decoded.
     """
 
     sequence: int
@@ -102,12 +104,16 @@ class AssignmentEvent:
     received_at: float = 0.0  # wall clock: when the assignment reached this sidecar (before decoding it)
     decoded: ConsumerAssignment | None = None
     message: plan_pb2.ConsumerAssignment | None = None
+    rank: plan_pb2.RankAssignment | None = None
 
     def __post_init__(self) -> None:
         if self.sequence < 1:
             raise InvalidArgument("must be at least 1", field="sequence")
-        if (self.decoded is None) == (self.message is None):
-            raise InvalidArgument("needs the assignment decoded or as a message, not both", field="assignment")
+        if sum(form is not None for form in (self.decoded, self.message, self.rank)) != 1:
+            raise InvalidArgument("needs the assignment in exactly one form: decoded, message or rank",
+                                  field="assignment")
+        if self.rank is not None:
+            check_rank_message(self.rank, self.consumer)
 
     @property
     def encoder(self) -> bool:
@@ -118,12 +124,16 @@ class AssignmentEvent:
         """Micro-batches (encoder micro-batches for an encoder consumer) in consumption order."""
         if self.decoded is not None:
             return len(self.decoded.encoder_microbatches if self.encoder else self.decoded.microbatches)
+        if self.rank is not None:
+            return len(self.rank.microbatches)
         assert self.message is not None
         return len(self.message.encoder_microbatches if self.encoder else self.message.microbatches)
 
     def unit(self, index: int) -> MicroBatchAssignment | EncoderMicroBatchAssignment:
         if self.decoded is not None:
             return (self.decoded.encoder_microbatches if self.encoder else self.decoded.microbatches)[index]
+        if self.rank is not None:
+            return cp_microbatch_from_proto(self.rank, index, self.consumer.cp_rank)
         assert self.message is not None
         single = plan_pb2.ConsumerAssignment(consumer=self.message.consumer, cp=self.message.cp,
                                              minibatch_loss_tokens=self.message.minibatch_loss_tokens)
@@ -150,14 +160,15 @@ class AssignmentEvent:
         """The whole part, decoded (once)."""
         if self.decoded is not None:
             return self.decoded
+        if self.rank is not None:
+            return consumer_assignment_from_rank_proto(self.rank, self.consumer)
         assert self.message is not None
         return assignment_from_proto(self.message)
 
     def assignment_proto(self) -> plan_pb2.ConsumerAssignment:
         if self.message is not None:
             return self.message
-        assert self.decoded is not None
-        return assignment_to_proto(self.decoded)
+        return assignment_to_proto(self.assignment)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,8 +424,9 @@ def _failure_for_consumers(failure: ConsumerFailure) -> MiniBatchFailure:
 def _event_from_proto(
     response: admission_service_pb2.WatchAssignmentsResponse, received_at: float, consumer: ConsumerId
 ) -> AssignmentEvent:
-    if (response.assignment.consumer.role, response.assignment.consumer.dp_rank,
-            response.assignment.consumer.cp_rank) != (consumer.role, consumer.dp_rank, consumer.cp_rank):
+    rank = response.rank_assignment if response.WhichOneof("part") == "rank_assignment" else None
+    if rank is None and (response.assignment.consumer.role, response.assignment.consumer.dp_rank,
+                         response.assignment.consumer.cp_rank) != (consumer.role, consumer.dp_rank, consumer.cp_rank):
         raise InvalidArgument(f"is not {consumer}'s", field="assignment.consumer")
     plan = None
     # A service that sends the whole plan (for encoding schedules) sets an optional `plan` field.
@@ -425,7 +437,8 @@ def _event_from_proto(
         admission=Admission.from_proto(response.admission),
         global_loss_tokens=response.global_loss_tokens,
         consumer=consumer,
-        message=response.assignment,
+        message=None if rank is not None else response.assignment,
+        rank=rank,
         plan=plan,
         received_at=received_at,
     )

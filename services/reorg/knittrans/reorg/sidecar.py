@@ -242,6 +242,10 @@ class Sidecar:
         # one empty micro-batch: every consumer's trainers see every mini-batch and report its optimizer step.
         count = max(event.num_units, 1)
         self._delivered(self._tracker.expect(event.sequence, count))
+        loop = asyncio.get_running_loop()
+        # Micro-batch 0 is decoded and laid out while the verdict is decided (its reads wait for the verdict).
+        first = loop.run_in_executor(self._executor, self._plan_unit, event, 0, encoder)
+        first.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved below, or dropped
         waiting_since = time.perf_counter()
         verdict = await judging
         self._metrics.verdict_wait_seconds.observe(time.perf_counter() - waiting_since)
@@ -254,11 +258,11 @@ class Sidecar:
                          verdict.failure.trajectory_id, verdict.failure.unit_key, verdict.failure.reason)
             await self._publish_failure(event, 0, count, verdict.failure, round_)
             return
-        loop = asyncio.get_running_loop()
         for position in range(count):
             # Decoding and layout run on the reader thread too, keeping the event loop free for the trainers.
             try:
-                micro, layout = await loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder)
+                micro, layout = await (first if position == 0 else
+                                       loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder))
             except Exception as error:
                 await self._fail(event, position, count, None, None, error, round_)
                 return

@@ -23,6 +23,7 @@ from grpc import aio
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
 from knittrans.admission.service import reservation_gc
+from knittrans.admission.service.assignment_messages import AssignmentMessages
 from knittrans.admission.service.checkpoints import check_streamable, report_checkpoint
 from knittrans.admission.service.deleter import UnitDeleter
 from knittrans.admission.service.gc_pacing import collect_young_objects
@@ -34,7 +35,6 @@ from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatc
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.admission.service.records import failure_consumer, record_for
 from knittrans.admission.service.responses import (
-    assignment_response,
     outcome_counts,
     report_response,
     status_response,
@@ -94,10 +94,11 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                                     clock=clock, on_deleted=metrics.released_units.inc)
         self._background: list[asyncio.Task] = []
         self._wake = WakeTimer(self._timed_admission, clock=clock)  # timed decisions, e.g. relax_after
-        # Consumers' assignments are built here, one at a time, off the event loop: the report that admitted a
-        # mini-batch (journaled already) is answered while they are built, and each stream sends its part as
-        # soon as it is ready. One thread, so a mini-batch's shared views are never built twice at once.
+        # Consumers' assignments are built here, one mini-batch at a time, off the event loop: the report that
+        # admitted a mini-batch (journaled already) is answered while they are built, and each stream sends its
+        # part as soon as it is ready. One thread, so a mini-batch's shared views are never built twice at once.
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="assignments")
+        self._messages = AssignmentMessages(self._builder, inline_trajectories=INLINE_BUILD_TRAJECTORIES)
         self._last_admission_at: float | None = None
         self._failure: str = ""
         self._closed = False
@@ -317,17 +318,12 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 if self._closed:
                     return
                 pending = self._ledger.pending_after(after)
-            for minibatch in pending:  # in sequence order: the next is built once this one is sent
-                yield await self._assignment(minibatch, consumer)
+            for minibatch in pending:  # in sequence order
+                dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
+                # Serialised once per DP rank (the boundary sends bytes as they are); built off the loop.
+                yield await self._messages.response(minibatch, dispatch, consumer,
+                                                    include_trajectory_ids=request.include_trajectory_ids)
                 after = minibatch.sequence
-
-    async def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
-        dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
-        if len(minibatch.trajectory_ids) <= INLINE_BUILD_TRAJECTORIES:
-            return assignment_response(minibatch, dispatch, consumer)
-        # The build reads only the dispatch (its own copy of the metadata) and the journaled admission.
-        built = self._builder.submit(assignment_response, minibatch, dispatch, consumer)
-        return await asyncio.wrap_future(built)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
         consumer = _consumer(request.consumer, "consumer")
