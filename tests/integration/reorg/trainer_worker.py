@@ -95,13 +95,14 @@ def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, n
                 result["restarted"].append({"sequence": restarted.sequence, "yielded": len(micros)})
                 note(event="restarted", sequence=restarted.sequence, yielded=len(micros))
                 continue
+            # Asked before the step: once the mini-batch is released, the service no longer streams it.
+            admitted = list(mini.context.admitted_trajectory_ids) if args.record_admitted else None
             mini.complete()  # the optimizer step is done
             step = mini.step
             if mini.sequence == args.checkpoint_at:
                 with AdmissionClient(args.admission) as admission:
                     admission.report_checkpoint(step)
             note(event="step", sequence=mini.sequence, indices=[m["index"] for m in micros])
-            admitted = list(mini.context.admitted_trajectory_ids) if args.record_admitted else None
             result["minibatches"].append(describe_mini(mini, micros, admitted))
             if len(result["minibatches"]) == args.minibatches:
                 break

@@ -58,16 +58,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
 
 from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_channel
-from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchRestarted
+from knittrans.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MiniBatchRestarted, Unavailable
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
+from knittrans.retry import retry_call
 from knittrans.steps import StepId
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext, MiniBatchFeed, Staged
-from knittrans.trainer.prefetch import Prefetcher
+from knittrans.trainer.prefetch import SIDECAR_RETRY, Prefetcher
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
 from knittrans.v1 import reorg_service_pb2 as pb
@@ -171,7 +173,14 @@ class TrainerClient:
         return response
 
     def minibatch_context(self, sequence: int, *, timeout: float = 10.0) -> MiniBatchContext:
-        response = self._call(self._stub.GetMiniBatch, pb.GetMiniBatchRequest(sequence=sequence), timeout)
+        """The mini-batch's context from the sidecar; retried like the micro-batch stream while the sidecar (or
+        the admission service it asks for the admitted trajectory ids) is restarting, for sidecar_timeout_seconds."""
+        request = pb.GetMiniBatchRequest(sequence=sequence)
+        response = retry_call(
+            lambda: self._call(self._stub.GetMiniBatch, request, timeout),
+            policy=replace(SIDECAR_RETRY, deadline=self._settings.sidecar_timeout_seconds),
+            retryable=lambda error: isinstance(error, (Unavailable, DeadlineExceeded)),
+        )
         return MiniBatchContext(
             sequence=response.sequence,
             global_loss_tokens=response.global_loss_tokens,

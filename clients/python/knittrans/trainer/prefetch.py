@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 # The SDK's retry rules (RETRYABLE_CODES): a sidecar that stops cancels the calls in flight (CANCELLED): like
 # UNAVAILABLE, the sidecar is gone for now, and it is an error only once it has not answered for
 # sidecar_timeout_seconds. (Our own cancellations end the fetch loop before this is consulted.)
-_SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
+SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 _END = object()
 
@@ -201,7 +201,7 @@ class Prefetcher:
         delivery_round = 0
         after = 0
         last_key: tuple[int, int] = (0, -1)
-        unreachable = Backoff(replace(_SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
+        unreachable = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
         idle_since = time.monotonic()
         while not self._stop.is_set():
             request = pb.NextMicroBatchRequest(tp_rank=settings.tp_rank, after_ticket=after, incarnation=incarnation,

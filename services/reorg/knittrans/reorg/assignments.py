@@ -32,7 +32,7 @@ from grpc import aio
 from knittrans.client.aio import AsyncAdmissionClient
 from knittrans.client.connection import RETRYABLE_CODES, ConnectionSettings, error_from_rpc
 from knittrans.client.model import ConsumerFailure, ProgressStage, Registration, VerdictState
-from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
+from knittrans.errors import InvalidArgument, KnitTransError, NotFound, Unavailable
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
 from knittrans.plan.proto import (
     assignment_from_proto,
@@ -208,6 +208,10 @@ class AssignmentSource(Protocol):
 
     async def wait_verdict(self, sequence: int) -> Verdict: ...
 
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        """Every trajectory id of mini-batch ``sequence`` (assignments leave them out: each names only its own)."""
+        ...
+
     def restart_after(self, sequence: int) -> None:
         """The next iteration yields the assignments after ``sequence`` (a restored job's), even delivered ones."""
         ...
@@ -278,6 +282,10 @@ class PlannedAssignmentSource:
     async def wait_verdict(self, sequence: int) -> Verdict:
         failure = next((r.failure for r in self.failures if r.sequence == sequence), None)
         return Verdict(failure=failure)
+
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        admission, plan = self._plans[sequence - self._first]
+        return admission.trajectory_ids or tuple(t.trajectory_id for t in plan.trajectories)
 
     def restart_after(self, sequence: int) -> None:
         self._after = sequence
@@ -368,6 +376,21 @@ class AdmissionAssignmentSource:
 
     def restart_after(self, sequence: int) -> None:
         self._received = sequence
+
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        """Asked of the admission service: the first message of a stream from ``sequence``, with the ids."""
+        stream = self._client.watch_assignment_messages(self._consumer, after_sequence=sequence - 1,
+                                                        include_trajectory_ids=True)
+        try:
+            async for response in stream:
+                if response.sequence == sequence:
+                    return tuple(response.admission.trajectory_ids)
+                break
+        except aio.AioRpcError as error:
+            raise error_from_rpc(error) from None
+        finally:
+            await stream.aclose()
+        raise NotFound(f"the admission service has no mini-batch {sequence}", field="sequence")
 
     async def acknowledge(self, sequence: int) -> None:
         await self._client.report_progress(self._consumer, sequence, ProgressStage.DELIVERED,

@@ -95,9 +95,12 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
         event = self._sidecar.context(request.sequence)
         if event is None:
             raise NotFound(f"mini-batch {request.sequence} is not retained by this sidecar", field="sequence")
+        admission = event.admission.to_proto()
+        if not admission.trajectory_ids:
+            admission.trajectory_ids.extend(await self._sidecar.admitted_trajectory_ids(event.sequence))
         response = pb.GetMiniBatchResponse(
             sequence=event.sequence,
-            admission=event.admission.to_proto(),
+            admission=admission,
             global_loss_tokens=event.global_loss_tokens,
             assignment=event.assignment_proto(),
         )

@@ -120,6 +120,7 @@ class Sidecar:
         self._tracker = DeliveryTracker()
         self._acks: asyncio.Queue[int] = asyncio.Queue()
         self._contexts: OrderedDict[int, AssignmentEvent] = OrderedDict()
+        self._admitted: OrderedDict[int, tuple[str, ...]] = OrderedDict()  # GetMiniBatch's, per sequence
         self._retained = retained_minibatches
         self._arrived: asyncio.Queue[_Delivery | Exception | object | None] = asyncio.Queue()
         self._round = 0
@@ -150,6 +151,14 @@ class Sidecar:
 
     def context(self, sequence: int) -> AssignmentEvent | None:
         return self._contexts.get(sequence)
+
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        """Every trajectory of a mini-batch, asked of the source once per sequence (only GetMiniBatch needs them)."""
+        if sequence not in self._admitted:
+            self._admitted[sequence] = await self._source.admitted_trajectory_ids(sequence)
+            while len(self._admitted) > self._retained:
+                self._admitted.popitem(last=False)
+        return self._admitted[sequence]
 
     # ---- pipeline -------------------------------------------------------------------------------------------
 
