@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := redis-server libibverbs1 prometheus
 PROTO_OUT := clients/python
 
-.PHONY: demo test bench bench-multinode proto lint venv sysdeps clean image image-base image-sysdeps test-container
+.PHONY: demo chaos test bench bench-multinode proto lint venv sysdeps clean image image-base image-sysdeps test-container
 
 venv: $(STAMP)
 
@@ -35,12 +35,24 @@ sysdeps:
 demo: sysdeps venv
 	$(VENV)/bin/knittrans demo
 
+# The chaos test over many seeds (docs/failures.md, "Chaos test"); not part of `make test`. Each seed's JSON summary
+# and log go to chaos-out/; a failing seed reruns alone with the same command.
+SEEDS ?= $(shell seq 1 20)
+CHAOS_TARGETS ?= all
+chaos: sysdeps venv
+	@mkdir -p chaos-out; total=$(words $(SEEDS)); n=0; failed=""; for seed in $(SEEDS); do n=$$((n + 1)); \
+	  echo "== chaos seed $$seed ($$n/$$total)"; \
+	  $(VENV)/bin/knittrans demo --config examples/demo/chaos.yaml --chaos $$seed --chaos-targets $(CHAOS_TARGETS) \
+	    --out chaos-out/seed-$$seed > chaos-out/seed-$$seed.out 2> chaos-out/seed-$$seed.log || failed="$$failed $$seed"; \
+	  tail -n 1 chaos-out/seed-$$seed.out; done; \
+	if [ -n "$$failed" ]; then echo "chaos: seeds failed:$$failed"; exit 1; fi; echo "chaos: all $$total seeds passed"
+
 # The container tests run in `make test-container` (the image is built first), not here.
 test: sysdeps venv
 	$(PY) -m pytest -q -m "not container"
 
 # Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result.
-BENCHMARKS := admission_engine planner simulate store admission_service admission_client encoder_dedup transfer recovery
+BENCHMARKS := admission_engine planner simulate store admission_service admission_client rollout_submit encoder_dedup transfer recovery
 bench: sysdeps venv
 	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
 	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done
@@ -60,9 +72,10 @@ proto: venv
 # Checked with mypy --strict (config in pyproject.toml): the pure cores and the whole SDK (clients/python).
 # tests/unit/core/test_types.py reads this list and checks that it names every SDK module.
 TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing \
-  knittrans.addresses knittrans.cli knittrans.client knittrans.config knittrans.errors knittrans.job knittrans.launch \
-  knittrans.packed knittrans.plan knittrans.retry knittrans.rollout knittrans.shm knittrans.store \
-  knittrans.tensor_names knittrans.train knittrans.trainer knittrans.types knittrans.wire
+  knittrans.addresses knittrans.aio knittrans.blocking knittrans.cli knittrans.client knittrans.config \
+  knittrans.errors knittrans.job knittrans.launch knittrans.packed knittrans.plan knittrans.retry knittrans.rollout \
+  knittrans.reservations knittrans.shm knittrans.steps knittrans.store knittrans.submission knittrans.tensor_names \
+  knittrans.train knittrans.trainer knittrans.trajectory_schema knittrans.types knittrans.values knittrans.wire
 
 lint: venv
 	$(VENV)/bin/ruff check .

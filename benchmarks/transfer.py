@@ -1,18 +1,29 @@
 """One RL step, side by side in one run, on the same workload and topology (DP=4 x TP=2 x CP=2 by default):
 
-- TransferQueue 0.1.11 (sample-level storage), in its own venv: (a) as its users use it, (b) as the paper
-  configured it, and (b-tp-shared), the strongest sample-level configuration (it matches the paper's 2.4x);
-- KnitTrans eager (the whole mini-batch is materialised before compute) and KnitTrans iter
-  (consumption-driven delivery with prefetch), with the real admission service and reorg sidecars.
+- TransferQueue 0.1.11 (sample-level storage, its in-memory SimpleStorage), in its own venv: (a) as its users use
+  it, (b) as the paper configured it, (b-tp-shared) the strongest sample-level read configuration, and
+  (streaming) its own best practice, a ``StreamingDataLoader`` per rank with prefetch;
+- KnitTrans iter (consumption-driven delivery with prefetch) and eager (the whole mini-batch is materialised
+  before compute), with the real admission service and reorg sidecars, on every ``--store`` (the file store on
+  /dev/shm and a Mooncake store), each cluster kept up for the whole run.
 
-Per arm: bytes moved out of storage, bytes uniquely needed, amplification, exposed transfer seconds per step and
-step time (definitions in ``transfer_workload.py``). The summary compares the exposed transfer of the strongest
-TransferQueue arm with KnitTrans iter, and checks the targets. JSON on stdout; progress on stderr.
+One clock for both systems (``transfer_accounting.one_clock_exposed``): a step's exposed transfer starts when
+its last trajectory has been written and reported (put into TransferQueue; stored and reported to the admission
+service), or when the training loop asks for it if that is later, and ends when every trainer rank holds its
+first micro-batch (iter) or its whole mini-batch (eager); every later second the loop spends outside compute
+counts too, its own take/release work included. Timestamps are ``time.time()`` in every process.
 
-    python benchmarks/transfer.py --smoke                 # small and fast
-    python benchmarks/transfer.py                         # the issue's full-size step
-    python benchmarks/transfer.py --skip-transferqueue    # KnitTrans arms only
-    python benchmarks/transfer.py --store mooncake        # KnitTrans on Mooncake instead of the file store
+Each arm runs warm-up steps, then ``--steps`` measured ones: the first is cold (reported while the trainer
+waits), the later ones are the steady state (KnitTrans and the streaming loader get the next mini-batch's data
+as soon as the current one's, which the engine's ``max_batches_ahead`` of 1 allows). The arms are interleaved:
+each of ``--repeats`` runs goes through all of them, in reverse order every other run. Per run the ratio of the
+strongest TransferQueue arm's cold exposed transfer to KnitTrans iter's is taken on each store; the summary gives
+medians over the runs. KnitTrans's earlier figure (from the moment the last consumer had its assignment, loop
+overhead apart) stays beside it as ``exposed_from_last_assignment_s``. JSON on stdout; progress on stderr.
+
+    python benchmarks/transfer.py --smoke                      # small and fast
+    python benchmarks/transfer.py --repeats 3                  # the issue's full-size step, three runs
+    python benchmarks/transfer.py --skip-transferqueue         # KnitTrans arms only
 """
 
 from __future__ import annotations
@@ -20,65 +31,107 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from transfer_accounting import describe
-from transfer_knittrans import run_knittrans_arms
-from transfer_tq import DEFAULT_VENV, run_transferqueue_arms
+from transfer_knittrans import KnitTransClusters
+from transfer_tq import DEFAULT_VENV, TransferQueueSession
 from transfer_workload import add_workload_arguments, build_workload, config_from_arguments
 
 from knittrans.trainer import DeliveryMode
 
 logger = logging.getLogger("transfer")
 
-STRONGEST_TQ_CANDIDATES = ("transferqueue-b-tp-shared", "transferqueue-b-paper", "transferqueue-a-as-users")
+TQ_ARM_NAMES = {"a": "transferqueue-a-as-users", "b": "transferqueue-b-paper",
+                "b-tp-shared": "transferqueue-b-tp-shared", "streaming": "transferqueue-streaming-prefetch"}
+STEADY_TARGET_S = 0.005
+RATIO_TARGET = 100.0
 
 
-def summarise(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    by_name = {arm["arm"]: arm for arm in arms}
-    summary: dict[str, Any] = {
-        "per_arm": {
-            name: {
-                "bytes_moved_from_storage": arm["bytes_moved_from_storage"],
-                "bytes_uniquely_needed": arm["bytes_uniquely_needed"],
-                "amplification": round(arm["amplification"], 4),
-                "amplification_with_redistribution": round(arm["amplification_with_redistribution"], 4),
-                "exposed_transfer_s_per_step": arm["exposed_transfer_s_per_step"],
-                "step_s": arm["step_s"],
-            }
-            for name, arm in by_name.items()
-        }
+def figures(arm: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one arm in one run that the summary compares."""
+    kept = {
+        "exposed_one_clock_cold_s": arm["exposed_one_clock_cold_s"],
+        "exposed_one_clock_steady_s_per_step": arm["exposed_one_clock_steady_s_per_step"],
+        "bytes_moved_from_storage": arm["bytes_moved_from_storage"],
+        "bytes_uniquely_needed": arm["bytes_uniquely_needed"],
+        "amplification": round(arm["amplification"], 4),
+        "amplification_with_redistribution": round(arm["amplification_with_redistribution"], 4),
+        "step_s": arm["step_s"],
+        "medium": arm["medium"],
     }
-    tq = [by_name[name] for name in STRONGEST_TQ_CANDIDATES if name in by_name]
-    iterating = by_name.get("knittrans-iter")
-    if tq and iterating:
-        strongest = min(tq, key=lambda arm: arm["exposed_transfer_s_per_step"])
-        exposed = iterating["exposed_transfer_s_per_step"]
-        ratio = strongest["exposed_transfer_s_per_step"] / max(exposed, 1e-9)
-        with_loop = iterating["exposed_including_loop_overhead_s_per_step"]
-        firsts = iterating["first_microbatch_ready_s_per_step"]
-        first = float(sum(firsts) / len(firsts))
-        summary.update({
-            "strongest_transferqueue_arm": strongest["arm"],
-            "exposed_transfer_ratio_strongest_tq_over_knittrans_iter": ratio,
-            "exposed_transfer_ratio_including_loop_overhead": strongest["exposed_transfer_s_per_step"] / with_loop,
-            "knittrans_iter_first_microbatch_ready_s": first,
-            "knittrans_iter_exposed_over_first_microbatch": exposed / max(first, 1e-9),
-            "targets": {
-                "knittrans_amplification_is_1.00x": all(
-                    round(by_name[name]["amplification"], 2) == 1.0
-                    for name in ("knittrans-iter", "knittrans-eager") if name in by_name),
-                "exposed_ratio_at_least_100x": ratio >= 100,
-                "iter_exposed_at_most_first_microbatch_plus_5pct": exposed <= first * 1.05,
-            },
-        })
-        for name in ("transferqueue-b-paper", "transferqueue-a-as-users"):
-            if name in by_name:
-                summary[f"exposed_transfer_ratio_{name}_over_knittrans_iter"] = (
-                    by_name[name]["exposed_transfer_s_per_step"] / max(iterating["exposed_transfer_s_per_step"], 1e-9))
+    for key in ("exposed_from_last_assignment_s_per_step", "exposed_from_plan_known_s_per_step"):
+        if key in arm:
+            kept[key] = arm[key]
+    return kept
+
+
+def ratios(run: dict[str, dict[str, Any]], stores: Sequence[str]) -> dict[str, Any]:
+    """Within one run, per store: the strongest TransferQueue arm's exposed transfer over KnitTrans's, for the cold
+    first step (the streaming loader has none) and for the steady state (where the arm reports one)."""
+    out: dict[str, Any] = {}
+    for phase in ("cold", "steady"):
+        key = "exposed_one_clock_cold_s" if phase == "cold" else "exposed_one_clock_steady_s_per_step"
+        tq = {name: arm[key] for name, arm in run.items() if name.startswith("transferqueue-") and arm[key] is not None}
+        if not tq:
+            continue
+        strongest = min(tq, key=lambda name: tq[name])
+        out[f"strongest_transferqueue_arm_{phase}"] = strongest
+        for store in stores:
+            for mode in ("iter", "eager"):
+                ours = run.get(f"knittrans-{mode}-{store}", {}).get(key)
+                if ours is not None:
+                    out[f"{phase}_strongest_tq_over_knittrans_{mode}_{store}"] = tq[strongest] / max(ours, 1e-9)
+    return out
+
+
+def summarise(runs: Sequence[dict[str, Any]], stores: Sequence[str]) -> dict[str, Any]:
+    def median(values: Sequence[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    names = list(runs[0]["arms"])
+    per_arm = {}
+    for name in names:
+        rows = [run["arms"][name] for run in runs]
+        per_arm[name] = {"medium": rows[0]["medium"], "amplification": rows[0]["amplification"],
+                         **{key: median([row[key] for row in rows]) for key in rows[0]
+                            if key not in ("medium", "amplification")}}
+    ratio_keys = [key for key in runs[0]["ratios"] if not key.startswith("strongest_transferqueue_arm")]
+    summary: dict[str, Any] = {
+        "clock": "one clock: from the step's last trajectory written and reported (or the loop asking, if later) "
+                 "to every rank holding its first micro-batch (iter) or whole mini-batch (eager), plus every "
+                 "later second outside compute",
+        "runs": len(runs),
+        "per_arm_medians": per_arm,
+        "strongest_transferqueue_arm_per_run": [{k: v for k, v in run["ratios"].items()
+                                                  if k.startswith("strongest_transferqueue_arm")} for run in runs],
+        "ratios_per_run": {key: [run["ratios"][key] for run in runs] for key in ratio_keys},
+        "ratio_medians": {key: median([run["ratios"][key] for run in runs]) for key in ratio_keys},
+    }
+    targets: dict[str, Any] = {}
+    for store in stores:
+        ratio = summary["ratio_medians"].get(f"cold_strongest_tq_over_knittrans_iter_{store}")
+        if ratio is not None:
+            targets[f"exposed_one_clock_strongest_tq_over_knittrans_iter_{store}"] = {
+                "measured": round(ratio, 2), "target": f">= {RATIO_TARGET:.0f}x", "met": ratio >= RATIO_TARGET}
+        steady = per_arm.get(f"knittrans-iter-{store}", {}).get("exposed_one_clock_steady_s_per_step")
+        if steady is not None:
+            targets[f"knittrans_iter_{store}_steady_state_exposed_per_step_s"] = {
+                "measured": round(steady, 4), "cold_first_step_s": round(
+                    per_arm[f"knittrans-iter-{store}"]["exposed_one_clock_cold_s"], 4),
+                "target": f"<= {STEADY_TARGET_S}", "met": steady <= STEADY_TARGET_S}
+    amplifications = [run["arms"][name]["amplification"] for run in runs for name in names
+                      if name.startswith("knittrans-")]
+    if amplifications:
+        targets["knittrans_amplification_from_bytes_moved"] = {
+            "measured": sorted(set(amplifications)), "target": "1.0000",
+            "met": all(a == 1.0 for a in amplifications)}
+    summary["targets"] = targets
     return summary
 
 
@@ -86,12 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default 1 (0 with --smoke)")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per arm; default 2 (1 with --smoke)")
-    parser.add_argument("--layouts", default="a,b,b-tp-shared", help="TransferQueue layouts (default a,b,b-tp-shared)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of every arm (default 1)")
+    parser.add_argument("--warmup-steps", type=int, default=1, help="per arm and run (default 1)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per arm and run, the first cold; default 3 (2 with --smoke)")
+    parser.add_argument("--tq-arms", default="a,b,b-tp-shared,streaming",
+                        help="TransferQueue arms (default a,b,b-tp-shared,streaming)")
     parser.add_argument("--skip-transferqueue", action="store_true")
-    parser.add_argument("--store", choices=["file", "mooncake"], default="file",
-                        help="KnitTrans unit store (default: the embedded file store on /dev/shm)")
+    parser.add_argument("--store", default="file,mooncake",
+                        help="KnitTrans unit stores, comma-separated: file, mooncake (default both)")
     parser.add_argument("--slots", type=int, default=2, help="ring slots per sidecar (default 2)")
     parser.add_argument("--prefetch", type=int, default=1, help="micro-batches each trainer stages ahead (default 1)")
     parser.add_argument("--encoder-microbatch-images", type=int, default=16,
@@ -100,29 +156,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     arguments = parser.parse_args(argv)
     config = config_from_arguments(arguments)
-    warmup = (0 if arguments.smoke else 1) if arguments.warmup_steps is None else arguments.warmup_steps
-    steps = (1 if arguments.smoke else 2) if arguments.steps is None else arguments.steps
+    steps = (2 if arguments.smoke else 3) if arguments.steps is None else arguments.steps
+    stores = [s.strip() for s in arguments.store.split(",") if s.strip()]
+    tq_arms = [] if arguments.skip_transferqueue else [a.strip() for a in arguments.tq_arms.split(",") if a.strip()]
+    unknown = [s for s in stores if s not in ("file", "mooncake")] + [a for a in tq_arms if a not in TQ_ARM_NAMES]
+    if unknown or arguments.repeats < 1 or steps < 1 or arguments.warmup_steps < 0:
+        parser.error(f"unknown stores or arms {unknown}, or --repeats/--steps < 1 or --warmup-steps < 0")
 
-    arms: list[dict[str, Any]] = []
-    document: dict[str, Any] = {"benchmark": "transfer: one RL step, TransferQueue vs KnitTrans",
-                                "workload": describe(build_workload(config)),
-                                "warmup_steps": warmup, "measured_steps": steps}
-    if not arguments.skip_transferqueue:
-        logger.info("running the TransferQueue arms (%s)", arguments.layouts)
-        tq = run_transferqueue_arms(config, layouts=[x.strip() for x in arguments.layouts.split(",") if x.strip()],
-                                    warmup_steps=warmup, steps=steps, venv_dir=arguments.venv)
-        arms.extend(tq.pop("arms"))
-        tq.pop("workload", None)
-        document["transferqueue"] = tq
-    logger.info("running the KnitTrans arms (iter, eager) on the %s store", arguments.store)
-    knittrans = run_knittrans_arms(config, modes=(DeliveryMode.ITER, DeliveryMode.EAGER), warmup_steps=warmup,
-                                   steps=steps, store=arguments.store, slots=arguments.slots,
-                                   prefetch=arguments.prefetch,
-                                   encoder_microbatch_images=arguments.encoder_microbatch_images)
-    arms.extend(knittrans.pop("arms"))
-    document["knittrans"] = knittrans
-    document["arms"] = arms
-    document["summary"] = summarise(arms)
+    document: dict[str, Any] = {"benchmark": "transfer: one RL step, TransferQueue vs KnitTrans, on one clock",
+                                "workload": describe(build_workload(config)), "repeats": arguments.repeats,
+                                "warmup_steps": arguments.warmup_steps, "measured_steps": steps}
+    session = TransferQueueSession(config, venv_dir=arguments.venv) if tq_arms else None
+    clusters = None
+    records: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    try:
+        clusters = KnitTransClusters(config, stores=stores, slots=arguments.slots, prefetch=arguments.prefetch,
+                                     encoder_microbatch_images=arguments.encoder_microbatch_images)
+        order: list[tuple[str, Any]] = [("tq", arm) for arm in tq_arms] + [
+            ("knittrans", (store, mode)) for store in stores for mode in (DeliveryMode.ITER, DeliveryMode.EAGER)]
+        for repeat in range(arguments.repeats):
+            run: dict[str, dict[str, Any]] = {}
+            for system, arm in order if repeat % 2 == 0 else order[::-1]:
+                logger.info("run %d: %s %s", repeat, system, arm)
+                if system == "tq":
+                    assert session is not None
+                    record = session.run(arm, warmup_steps=arguments.warmup_steps, steps=steps)
+                else:
+                    record = clusters.run(arm[0], arm[1], warmup_steps=arguments.warmup_steps, steps=steps)
+                records.append({**record, "repeat": repeat})
+                run[record["arm"]] = figures(record)
+            runs.append({"repeat": repeat, "arms": run, "ratios": ratios(run, stores)})
+            logger.info("run %d ratios: %s", repeat, runs[-1]["ratios"])
+    finally:
+        if clusters is not None:
+            document["knittrans"] = clusters.close()
+        if session is not None:
+            document["transferqueue"] = session.description
+            session.close()
+    document["summary"] = summarise(runs, stores)
+    document["runs"] = runs
+    document["arms"] = records
     text = json.dumps(document, indent=2)
     if arguments.output:
         arguments.output.parent.mkdir(parents=True, exist_ok=True)

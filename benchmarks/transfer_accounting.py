@@ -94,6 +94,25 @@ class StepMeasurement:
         }
 
 
+def one_clock_exposed(*, start: float, ready: Sequence[float], compute_end: Sequence[float]) -> float:
+    """A DP group's exposed transfer in one step, on the one clock both systems share.
+
+    ``start`` is when the step's data could first be asked for: the later of the moment its last trajectory was
+    written and reported (put into TransferQueue; stored and reported to the admission service) and the moment
+    the group's training loop asked for it (it finished the previous step). ``ready[i]`` is when every rank of
+    the group held micro-batch i (with eager delivery: micro-batch 0 means the whole mini-batch) and
+    ``compute_end[i]`` when its compute ended. Everything the loop spends outside compute counts: the wait for
+    micro-batch 0, and before every later micro-batch both the wait for data and the loop's own take/release
+    work. All times are ``time.time()`` of one machine (one system-wide clock across processes).
+    """
+    if not ready or len(ready) != len(compute_end):
+        raise WorkloadError("needs one compute end per ready micro-batch, and at least one", field="ready")
+    exposed = max(0.0, ready[0] - start)
+    for previous_end, now_ready in zip(compute_end[:-1], ready[1:], strict=True):
+        exposed += max(0.0, now_ready - previous_end)
+    return exposed
+
+
 def arm_report(
     *,
     arm: str,

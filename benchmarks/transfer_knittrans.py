@@ -8,28 +8,32 @@ Each DP group's ranks (CP x TP clients, plus the encoder rank the group hosts) l
 
 Per step:
 
-1. the step's units are written to the unit store (not timed, as the TransferQueue arm's writes are not);
-2. the metadata is reported; the service admits and dispatches the assignments;
-3. a DP group's step starts when every consumer it depends on holds its assignment (its backbone sidecars and
-   every encoder sidecar; ``assigned_at`` of the descriptors); the control plane's report-to-dispatch latency
-   is reported separately;
-4. the group runs its micro-batches in lockstep: all its ranks must hold micro-batch i before it computes
+1. the step's units are written to the unit store before the arm's steps run (not timed, as the TransferQueue
+   arm's writes are not);
+2. the metadata is reported; the service admits and dispatches the assignments. With ``report_ahead`` the
+   next step's metadata is reported as soon as this one's is (the rollouts run one mini-batch ahead, which the
+   engine's ``max_batches_ahead`` of 1 allows), so the next mini-batch can be staged while this one trains;
+3. the group runs its micro-batches in lockstep: all its ranks must hold micro-batch i before it computes
    (simulated, ``seconds_per_token x tokens``); before micro-batch 0 every encoder rank must hold all its inputs
    (encoders run first and exchange encodings, as in the encoding-reuse helper);
-5. its data wait is micro-batch 0's arrival after the start, plus every later micro-batch's wait while it was
-   not staged yet. The loop's own per-micro-batch work (taking the next micro-batch, releasing the previous
-   one) is reported separately as loop overhead. Exposed transfer is the largest group's wait, as in
-   :mod:`transfer_workload`.
+4. exposed transfer on the one clock (:func:`transfer_accounting.one_clock_exposed`, the TransferQueue arms'
+   definition too) starts at the later of the report and the group's loop asking for the mini-batch, and
+   counts everything the loop spends outside compute; the largest group's is the step's. The first measured
+   step is cold (reported while the trainer waits); with ``report_ahead`` the later ones are the steady state.
+   The earlier figure, from the moment the last consumer the group depends on had its assignment and without
+   the loop's own take/release work, is kept as ``exposed_from_last_assignment_s``.
 
-Bytes moved are what the sidecars' unit-store clients' I/O really moved (their status counters, per step: the
-counts the store's reads and transfers returned, failed attempts included); every step also
-checks that every real token and every distinct image was delivered.
+Bytes moved are what the sidecars' unit-store clients' I/O really moved (their status counters over the measured
+steps, divided by their number: the counts the store's reads and transfers returned, failed attempts included);
+every step also checks that every real token and every distinct image was delivered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
+import statistics
 import sys
 import tempfile
 import threading
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from transfer_accounting import StepMeasurement, arm_report
+from transfer_accounting import StepMeasurement, arm_report, one_clock_exposed
 from transfer_knittrans_cluster import ENCODER, Cluster, Consumer, image_cost, start_cluster
 from transfer_workload import Workload, WorkloadConfig, build_workload, prompt_images, trajectory_fields
 
@@ -64,8 +68,11 @@ def placeholders(config: WorkloadConfig) -> list[TokenSpan]:
     return [TokenSpan(start=1 + k * stride, end=1 + k * stride + rows) for k in range(config.images_per_prompt)]
 
 
-def write_step(workload: Workload, store: Any, job: str, step: int) -> tuple[list[TrajectoryMeta], float]:
-    """Store one step's units (fresh ids: the service admits a trajectory once); returns the metadata."""
+def write_step(workload: Workload, store: Any, job: str, step: int,
+               version: int | None = None) -> tuple[list[TrajectoryMeta], float]:
+    """Store one step's units (fresh ids: the service admits a trajectory once); returns the metadata.
+    ``version``: the policy version that generated them (default ``step``; one less for a step reported ahead,
+    whose rollouts ran while the step before it trained)."""
     config = workload.config
     rollout = RolloutClient(store, namespace=job)
     spans = placeholders(config)
@@ -79,7 +86,8 @@ def write_step(workload: Workload, store: Any, job: str, step: int) -> tuple[lis
             fields = trajectory_fields(workload, i)
             batch.append(Trajectory(
                 trajectory_id=f"s{step}-t{i}", sample_id=f"s{step}-p{prompt}", source="bench", rollout_step=step,
-                segments=(VersionSegment(version=step, num_tokens=workload.lengths[i]),), fields=fields,
+                segments=(VersionSegment(version=step if version is None else version,
+                                         num_tokens=workload.lengths[i]),), fields=fields,
                 multimodal=tuple(MultimodalInput(data=images[k], encoder=ENCODER, cost=cost, placeholder=spans[k])
                                  for k in range(config.images_per_prompt)),
                 loss_mask_field=None, finished_at=float(step),
@@ -107,12 +115,12 @@ class GroupTask:
 
 @dataclass
 class Sync:
-    """Cross-process meeting points, one per step: encoders done (every encoder rank holds its inputs; the
-    encoders run before the backbone), and step done (every group finished, the main process reads results)."""
+    """Cross-process meeting points: every group is up, and per step encoders done (every encoder rank holds its
+    inputs; the encoders run before the backbone). Nothing else holds a group between steps: it asks for the
+    next mini-batch as soon as it completed one, as a training loop does."""
 
     ready: Any  # every group process has its clients (torch imported, prefetching started)
     encoders_done: list[Any]
-    step_done: list[Any]
 
 
 def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
@@ -158,8 +166,9 @@ def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
     try:
         streams = [c.mini_batches() for c in clients]
         for step in range(task.steps):
-            record: dict[str, Any] = {"dp": task.dp_rank, "ready": [], "compute_end": [], "compute_s": 0.0,
-                                      "tokens": 0, "real_tokens": 0, "client_blocked": []}
+            record: dict[str, Any] = {"dp": task.dp_rank, "step": step, "ready": [], "compute_end": [],
+                                      "compute_s": 0.0, "tokens": 0, "real_tokens": 0, "client_blocked": [],
+                                      "asked": time.time()}
             minis = [next(stream) for stream in streams]
             record["assigned_at"] = [m.descriptor.assigned_at for m in minis]
             record["published_at"] = [m.descriptor.published_at for m in minis]
@@ -183,10 +192,9 @@ def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
                 mini.complete()  # the optimizer step: tp rank 0 reports it; global rank 0 advances the version
             record["encoder"] = encoder_records[step]
             results.put(record)
-            sync.step_done[step].wait()
     except BaseException as error:
         results.put({"dp": task.dp_rank, "error": f"{type(error).__name__}: {error}"})
-        for barrier in [sync.ready, *sync.encoders_done, *sync.step_done]:
+        for barrier in [sync.ready, *sync.encoders_done]:
             barrier.abort()
     finally:
         encoder_thread.join(timeout=5)
@@ -205,20 +213,23 @@ def _real_tokens(micro: Any) -> int:
 # ------------------------------------------------------------------------------------------------ arm
 
 
-def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig,
+def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig, *, reported: float,
             bytes_moved: int) -> tuple[StepMeasurement, dict[str, Any]]:
-    """A DP group's step starts when every consumer it depends on holds its assignment (its own backbone
-    sidecars and every encoder sidecar), as the TransferQueue arm's starts with the plan known to every rank;
-    the control plane's report-to-dispatch latency is reported apart.
+    """One step's figures from its DP groups' records.
 
-    Its data wait is micro-batch 0's arrival at all its ranks after that start, plus, for every later
-    micro-batch, the longest time one of its ranks sat blocked because the micro-batch was not there yet. The
-    rest of the time between two computes is the training loop's own per-micro-batch work (taking the next
-    micro-batch, releasing the previous one); it is reported apart as loop overhead.
+    On the one clock (``exposed_one_clock_s``) a group's step starts at the later of ``reported`` and its loop
+    asking for the mini-batch, and every second its loop spent outside compute counts
+    (:func:`transfer_accounting.one_clock_exposed`).
+
+    The earlier figure (``exposed_from_last_assignment_s``, the StepMeasurement's exposed transfer) starts when
+    every consumer the group depends on held its assignment (its own backbone sidecars and every encoder
+    sidecar): micro-batch 0's arrival after that, plus, for every later micro-batch, the longest time one of
+    its ranks sat blocked because the micro-batch was not there yet; the loop's own per-micro-batch work
+    (taking the next micro-batch, releasing the previous one) is apart, as loop overhead.
     """
     encoder_assigned = [r["encoder"]["assigned_at"] for r in records]
     by_group = sorted(records, key=lambda r: r["dp"])
-    starts, waits, computes, ends, first, overhead = [], [], [], [], [], []
+    starts, waits, computes, ends, first, overhead, one_clock = [], [], [], [], [], [], []
     for record in by_group:
         start = max([*record["assigned_at"], *encoder_assigned])
         blocked_later = sum(record["client_blocked"][1:])
@@ -232,15 +243,25 @@ def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig,
         overhead.append(between - waits[-1])
         computes.append(record["compute_s"])
         ends.append(record["compute_end"][-1])
+        one_clock.append(one_clock_exposed(start=max(reported, record["asked"]), ready=record["ready"],
+                                           compute_end=record["compute_end"]))
     assigned = [t for r in records for t in r["assigned_at"]] + encoder_assigned
     measurement = StepMeasurement(step_s=max(ends) - min(starts), data_wait_s=tuple(waits),
                                   compute_s=tuple(computes), bytes_moved_from_storage=bytes_moved)
+    blocked = [w - f for w, f in zip(waits, first, strict=True)]
     extra = {
+        "exposed_one_clock_s": max(one_clock),
+        "exposed_one_clock_s_per_dp_group": one_clock,
+        "exposed_from_last_assignment_s": measurement.exposed_transfer_s,
+        "trainer_asked_after_report_s": max(r["asked"] for r in records) - reported,
         "first_microbatch_ready_s_per_dp_group": first,
-        "blocked_after_first_microbatch_s_per_dp_group": [w - f for w, f in zip(waits, first, strict=True)],
+        "blocked_after_first_microbatch_s_per_dp_group": blocked,
         "loop_overhead_s_per_dp_group": overhead,
         "exposed_including_loop_overhead_s": max(w + o for w, o in zip(waits, overhead, strict=True)),
         "dispatch_spread_s": max(assigned) - min(assigned),
+        "report_to_dispatch_s": max(assigned) - reported,
+        # the report to the group's ranks all holding micro-batch 0, plus its later waits (without loop overhead)
+        "exposed_from_report_s": max(r["ready"][0] - reported + b for r, b in zip(by_group, blocked, strict=True)),
         "encoder_inputs_ready_s": max(r["encoder"]["encoders_ready"] for r in records) - min(starts),
         "real_tokens_delivered": sum(r["real_tokens"] for r in records),
         "images_delivered": sum(r["encoder"]["images"] for r in records),
@@ -249,15 +270,28 @@ def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig,
     return measurement, extra
 
 
+def _moved(cluster: Cluster, before: dict[Consumer, Any]) -> tuple[int, int, int]:
+    """Bytes read, bytes the plans needed and read calls of every sidecar since ``before``."""
+    after = cluster.statuses()
+    return (sum(after[c].bytes_read - before[c].bytes_read for c in after),
+            sum(after[c].bytes_needed - before[c].bytes_needed for c in after),
+            sum(after[c].read_calls - before[c].read_calls for c in after))
+
+
 def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_step: int, warmup_steps: int,
-            steps: int, prefetch: int) -> dict[str, Any]:
+            steps: int, prefetch: int, report_ahead: bool = False) -> dict[str, Any]:
+    """Warm-up steps, then ``steps`` measured ones; the first measured step is cold. With ``report_ahead`` every
+    later step is reported as soon as the one before it was (the steady state; see the module docstring)."""
     config = workload.config
     total = warmup_steps + steps
     context = multiprocessing.get_context("spawn")
-    sync = Sync(ready=context.Barrier(config.dp + 1),
-                encoders_done=[context.Barrier(config.dp) for _ in range(total)],
-                step_done=[context.Barrier(config.dp + 1) for _ in range(total)])
+    sync = Sync(ready=context.Barrier(config.dp + 1), encoders_done=[context.Barrier(config.dp) for _ in range(total)])
     results = context.Queue()
+    store = open_store(cluster.store_url, job=cluster.job)
+    arm = f"knittrans-{mode.value}"
+    ahead = [report_ahead and warmup_steps < step for step in range(total)]
+    written = [write_step(workload, store, cluster.job, first_step + step, first_step + step - ahead[step])
+               for step in range(total)]
     processes = []
     for d in range(config.dp):
         task = GroupTask(
@@ -270,61 +304,68 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         process = context.Process(target=group_main, args=(task, sync, results), name=f"dp-group-{d}", daemon=True)
         process.start()
         processes.append(process)
-    sync.ready.wait(timeout=300)  # nothing of a step is timed before the ranks are up
-    store = open_store(cluster.store_url, job=cluster.job)
-    arm = f"knittrans-{mode.value}"
-    measured: list[StepMeasurement] = []
-    extras: list[dict[str, Any]] = []
+    measured: list[tuple[StepMeasurement, dict[str, Any]]] = []
+    reported: dict[int, float] = {}
+    waiting: dict[int, list[dict[str, Any]]] = {}
+    before: dict[Consumer, Any] = {}
     try:
+        sync.ready.wait(timeout=300)  # nothing of a step is timed before the ranks are up
         with AdmissionClient(cluster.address) as admission:
+
+            def report(step: int) -> None:
+                reported[step] = time.time()
+                admission.report(written[step][0])
+
             for step in range(total):
-                metas, write_s = write_step(workload, store, cluster.job, first_step + step)
-                before = cluster.statuses()
-                reported = time.time()
-                admission.report(metas)
-                records = [results.get(timeout=600) for _ in range(config.dp)]
-                failed = [r["error"] for r in records if "error" in r]
-                if failed:
-                    raise RuntimeError(f"{arm}: a DP group failed: {failed[0]}")
-                sync.step_done[step].wait(timeout=60)
-                after = cluster.statuses()
-                moved = sum(after[c].bytes_read - before[c].bytes_read for c in after)
-                needed = sum(after[c].bytes_needed - before[c].bytes_needed for c in after)
-                measurement, extra = measure(records, config, moved)
+                if step == warmup_steps:
+                    before = cluster.statuses()  # the warm-up's reads are over: its records are in
+                if step not in reported:
+                    report(step)
+                if report_ahead and warmup_steps <= step < total - 1:
+                    report(step + 1)  # lands while this step trains
+                while len(waiting.get(step, [])) < config.dp:
+                    record = results.get(timeout=600)
+                    if "error" in record:
+                        raise RuntimeError(f"{arm}: a DP group failed: {record['error']}")
+                    waiting.setdefault(record["step"], []).append(record)
+                records = waiting.pop(step)
+                measurement, extra = measure(records, config, reported=reported[step], bytes_moved=0)
                 expected_tokens = sum(workload.lengths)
                 expected_images = config.num_prompts * config.images_per_prompt
                 if (extra["real_tokens_delivered"], extra["images_delivered"]) != (expected_tokens, expected_images):
                     raise RuntimeError(f"{arm}: delivered {extra['real_tokens_delivered']} tokens and "
                                        f"{extra['images_delivered']} images, expected {expected_tokens} and "
                                        f"{expected_images}")
-                last_dispatch = max([t for r in records for t in r["assigned_at"]]
-                                    + [r["encoder"]["assigned_at"] for r in records])
-                blocked = dict(zip(sorted(r["dp"] for r in records),
-                                   extra["blocked_after_first_microbatch_s_per_dp_group"], strict=True))
-                extra.update({"bytes_needed_by_plan": needed, "write_s": write_s,
-                              "report_to_dispatch_s": last_dispatch - reported,
-                              # the report to the group's ranks all holding micro-batch 0, plus its later waits
-                              "exposed_from_report_s": max(r["ready"][0] - reported + blocked[r["dp"]]
-                                                           for r in records),
-                              "read_calls": sum(after[c].read_calls - before[c].read_calls for c in after)})
-                kind = "warm-up" if step < warmup_steps else "measured"
-                logger.info("[%s] step %d (%s): %.2f s, exposed transfer %.4f s, first micro-batch %.4f s, "
-                            "%.1f MB moved", arm, step, kind, measurement.step_s, measurement.exposed_transfer_s,
-                            max(extra["first_microbatch_ready_s_per_dp_group"]), moved / 1e6)
+                kind = "warm-up" if step < warmup_steps else "cold" if step == warmup_steps else "steady"
+                extra.update({"kind": kind, "write_s": written[step][1]})
+                logger.info("[%s] step %d (%s): %.2f s, exposed on one clock %.4f s, from the last assignment "
+                            "%.4f s, report to dispatch %.4f s", arm, step, kind, measurement.step_s,
+                            extra["exposed_one_clock_s"], measurement.exposed_transfer_s,
+                            extra["report_to_dispatch_s"])
                 if step >= warmup_steps:
-                    measured.append(measurement)
-                    extras.append(extra)
+                    measured.append((measurement, extra))
+        moved, needed, read_calls = _moved(cluster, before)
     finally:
         store.close()
         for process in processes:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
-    report = arm_report(arm=arm, workload=workload, steps=measured, details={
+    per_step = [dataclasses.replace(m, bytes_moved_from_storage=moved // len(measured)) for m, _ in measured]
+    extras = [e for _, e in measured]
+    steady = [e["exposed_one_clock_s"] for e in extras[1:]]
+    report = arm_report(arm=arm, workload=workload, steps=per_step, details={
         "mode": mode.value,
         "readers": (f"{config.dp * config.cp} backbone sidecars (one per DP x CP, shared by its {config.tp} TP "
                     f"ranks) + {config.dp} encoder sidecars, one outstanding batched read each"),
         "ranks": "one process per DP group holding its CP x TP ranks' clients and the encoder rank it hosts",
+        "report_ahead": report_ahead,
+        "bytes_needed_by_plans": needed // len(measured),
+        "read_calls_per_step": read_calls / len(measured),
+        "exposed_one_clock_cold_s": extras[0]["exposed_one_clock_s"],
+        "exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,
+        "exposed_from_last_assignment_s_per_step": statistics.median(
+            e["exposed_from_last_assignment_s"] for e in extras),
         "first_microbatch_ready_s_per_step": [max(e["first_microbatch_ready_s_per_dp_group"]) for e in extras],
         "exposed_including_loop_overhead_s_per_step": float(np.mean(
             [e["exposed_including_loop_overhead_s"] for e in extras])),
@@ -334,39 +375,56 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
     return report
 
 
-def run_knittrans_arms(config: WorkloadConfig, *, modes: Sequence[DeliveryMode], warmup_steps: int, steps: int,
-                       store: str = "file", slots: int = 2, prefetch: int = 1,
-                       encoder_microbatch_images: int = 16) -> dict[str, Any]:
-    workload = build_workload(config)
-    directory = Path(tempfile.mkdtemp(prefix="kt-transfer-"))
-    started = time.perf_counter()
-    cluster = start_cluster(config, store=store, directory=directory, slots=slots,
-                            encoder_microbatch_images=encoder_microbatch_images)
-    setup_s = time.perf_counter() - started
-    logger.info("KnitTrans cluster ready in %.1f s (%d sidecars, store %s)", setup_s, len(cluster.sidecars),
-                cluster.store_url)
-    arms = []
-    left: list[str] = []
-    try:
-        first_step = 0
-        for mode in modes:
-            arms.append(run_arm(cluster, workload, mode, first_step=first_step, warmup_steps=warmup_steps,
-                                steps=steps, prefetch=prefetch))
-            first_step += warmup_steps + steps
-    finally:
-        left = cluster.stop()
-    return {
-        "store": store,
-        "store_url": cluster.store_url,
-        "ring_slots": slots,
-        "trainer_prefetch": prefetch,
-        "encoder_microbatch_images": encoder_microbatch_images,
-        "setup_s": setup_s,
-        "sidecars": len(cluster.sidecars),
-        "shm_segments_left_after_shutdown": len(left),
-        "logs": str(directory),
-        "arms": arms,
-    }
+STORE_MEDIA = {
+    "file": "the embedded file store: one file per unit on /dev/shm, read through a shared mapping",
+    "mooncake": "a Mooncake store (its master and one segment on this host), read over its TCP transfer engine",
+}
+
+
+class KnitTransClusters:
+    """One KnitTrans cluster per unit store, kept up for the whole run so that its arms interleave with the
+    TransferQueue arms; :meth:`run` runs one arm on one of them."""
+
+    def __init__(self, config: WorkloadConfig, *, stores: Sequence[str], slots: int = 2, prefetch: int = 1,
+                 encoder_microbatch_images: int = 16) -> None:
+        self._workload = build_workload(config)
+        self._prefetch = prefetch
+        self._settings = {"ring_slots": slots, "trainer_prefetch": prefetch,
+                          "encoder_microbatch_images": encoder_microbatch_images}
+        self._clusters: dict[str, Cluster] = {}
+        self._next_step: dict[str, int] = {}
+        self._described: dict[str, dict[str, Any]] = {}
+        try:
+            for store in stores:
+                directory = Path(tempfile.mkdtemp(prefix=f"kt-transfer-{store}-"))
+                started = time.perf_counter()
+                cluster = start_cluster(config, store=store, directory=directory, slots=slots,
+                                        encoder_microbatch_images=encoder_microbatch_images)
+                self._clusters[store] = cluster
+                self._next_step[store] = 0
+                self._described[store] = {"store_url": cluster.store_url, "medium": STORE_MEDIA[store],
+                                          "setup_s": time.perf_counter() - started,
+                                          "sidecars": len(cluster.sidecars), "logs": str(directory)}
+                logger.info("KnitTrans cluster on the %s store ready (%d sidecars)", store, len(cluster.sidecars))
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, store: str, mode: DeliveryMode, *, warmup_steps: int, steps: int,
+            report_ahead: bool = True) -> dict[str, Any]:
+        report = run_arm(self._clusters[store], self._workload, mode, first_step=self._next_step[store],
+                         warmup_steps=warmup_steps, steps=steps, prefetch=self._prefetch, report_ahead=report_ahead)
+        self._next_step[store] += warmup_steps + steps
+        report.update({"arm": f"knittrans-{mode.value}-{store}", "store": store, "medium": STORE_MEDIA[store]})
+        return report
+
+    def close(self) -> dict[str, Any]:
+        """Stop every cluster; returns the settings and, per store, what it was and the shared-memory segments
+        its sidecars left (should be none)."""
+        for store, cluster in self._clusters.items():
+            self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop())
+        self._clusters.clear()
+        return {**self._settings, "stores": self._described}
 
 
 def expected_amplification_one(arm: dict[str, Any]) -> bool:

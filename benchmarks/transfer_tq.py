@@ -1,11 +1,11 @@
 """Launcher of the TransferQueue arms of ``benchmarks/transfer.py``, from the main venv.
 
 TransferQueue 0.1.11 runs in a venv of its own, ``bench-out/tq-venv`` (its wheel installs a top-level ``tests``
-package that would shadow ours). :func:`run_transferqueue_arms` creates that venv when missing, runs
-``transferqueue_arm.py`` in it with the same :class:`~transfer_workload.WorkloadConfig`, and returns its JSON
-as a dict. Nothing here imports TransferQueue.
+package that would shadow ours). :class:`TransferQueueSession` creates that venv when missing, starts
+``transferqueue_arm.py`` in it with the same :class:`~transfer_workload.WorkloadConfig`, and runs the arms it is
+asked for, each returned as a dict. Nothing here imports TransferQueue.
 
-    python benchmarks/transfer_tq.py --smoke          # fast; prints JSON on stdout, progress on stderr
+    python benchmarks/transfer_tq.py --smoke --arms b,streaming   # fast; JSON on stdout, progress on stderr
     python benchmarks/transfer_tq.py                  # the issue's full-size step
 """
 
@@ -15,9 +15,9 @@ import argparse
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
-import tempfile
 import venv
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,71 +80,81 @@ def ensure_tq_venv(venv_dir: Path = DEFAULT_VENV) -> Path:
     return _venv_python(venv_dir)
 
 
-def run_transferqueue_arms(
-    config: WorkloadConfig,
-    *,
-    layouts: Sequence[str] = ("a", "b"),
-    warmup_steps: int = 1,
-    steps: int = 2,
-    storage_units: int = 2,
-    venv_dir: Path = DEFAULT_VENV,
-    timeout_s: float = 3600.0,
-) -> dict[str, Any]:
-    """Run the TransferQueue arms on ``config``'s workload; returns the arm's JSON document.
+class TransferQueueSession:
+    """The TransferQueue arm process, started once (Ray, TransferQueue, the readers, the streaming loaders) and
+    kept for the whole run; :meth:`run` runs one arm in it. Commands go to its stdin, replies come back on a
+    pipe of their own (its stdout, with Ray's chatter, goes to our stderr)."""
 
-    ``layouts``: ``a`` (as users use it), ``b`` (as the paper configured it), ``b-tp-shared`` (optional).
-    The arm's progress goes to this process's stderr.
-    """
-    python = ensure_tq_venv(venv_dir)
-    with tempfile.TemporaryDirectory(prefix="kt-tq-arm-") as scratch:
-        output = Path(scratch) / "transferqueue.json"
-        command = [
-            str(python),
-            str(ARM_SCRIPT),
-            "--workload-json",
-            json.dumps(config.to_dict()),
-            "--layouts",
-            ",".join(layouts),
-            "--warmup-steps",
-            str(warmup_steps),
-            "--steps",
-            str(steps),
-            "--storage-units",
-            str(storage_units),
-            "--output",
-            str(output),
-        ]
-        logger.info("running the TransferQueue arms (%s) in %s", ",".join(layouts), venv_dir)
+    def __init__(self, config: WorkloadConfig, *, storage_units: int = 2, venv_dir: Path = DEFAULT_VENV,
+                 timeout_s: float = 3600.0) -> None:
+        python = ensure_tq_venv(venv_dir)
+        self._timeout_s = timeout_s
+        read_end, write_end = os.pipe()
+        command = [str(python), str(ARM_SCRIPT), "--workload-json", json.dumps(config.to_dict()),
+                   "--storage-units", str(storage_units), "--reply-fd", str(write_end)]
+        logger.info("starting the TransferQueue arm process in %s", venv_dir)
         try:
-            # The arm's stdout (Ray and library chatter) goes to stderr, so our stdout stays pure JSON.
-            completed = subprocess.run(
-                command, stdout=sys.stderr, timeout=timeout_s, check=False, env=_arm_environment()
-            )
-        except subprocess.TimeoutExpired as error:
-            raise TransferQueueArmError(f"the TransferQueue arm ran past {timeout_s:.0f} s") from error
-        if completed.returncode != 0 or not output.is_file():
-            raise TransferQueueArmError(f"the TransferQueue arm failed with exit status {completed.returncode}")
-        return json.loads(output.read_text())
+            self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=sys.stderr, text=True,
+                                             pass_fds=(write_end,), env=_arm_environment())
+        finally:
+            os.close(write_end)
+        self._replies = os.fdopen(read_end, "r")
+        self.description: dict[str, Any] = self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        ready, _, _ = select.select([self._replies], [], [], self._timeout_s)
+        line = self._replies.readline() if ready else ""
+        if not line:
+            code = self._process.poll()
+            raise TransferQueueArmError(f"the TransferQueue arm process gave no answer (exit status {code})")
+        return dict(json.loads(line))
+
+    def run(self, arm: str, *, warmup_steps: int, steps: int) -> dict[str, Any]:
+        """``arm``: a layout (``a``, ``b``, ``b-tp-shared``) or ``streaming``; returns the arm's JSON record."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps({"arm": arm, "warmup_steps": warmup_steps, "steps": steps}) + "\n")
+        self._process.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()  # end of input ends the session
+        try:
+            self._process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._replies.close()
+
+
+def run_transferqueue_arms(config: WorkloadConfig, *, arms: Sequence[str] = ("a", "b"), warmup_steps: int = 1,
+                           steps: int = 2, storage_units: int = 2, venv_dir: Path = DEFAULT_VENV) -> dict[str, Any]:
+    """Run the TransferQueue arms once each; returns the session's description with the arms' records."""
+    session = TransferQueueSession(config, storage_units=storage_units, venv_dir=venv_dir)
+    try:
+        return {**session.description,
+                "arms": [session.run(arm, warmup_steps=warmup_steps, steps=steps) for arm in arms]}
+    finally:
+        session.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
-    parser.add_argument("--layouts", default="a,b", help="comma-separated: a, b, b-tp-shared (default a,b)")
-    parser.add_argument("--warmup-steps", type=int, default=None, help="default 1 (0 with --smoke)")
+    parser.add_argument("--arms", default="a,b", help="comma-separated: a, b, b-tp-shared, streaming (default a,b)")
+    parser.add_argument("--warmup-steps", type=int, default=1)
     parser.add_argument("--steps", type=int, default=None, help="measured steps; default 2 (1 with --smoke)")
     parser.add_argument("--storage-units", type=int, default=2)
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     arguments = parser.parse_args(argv)
     config = config_from_arguments(arguments)
-    default_warmup, default_steps = (0, 1) if arguments.smoke else (1, 2)
     result = run_transferqueue_arms(
         config,
-        layouts=[name.strip() for name in arguments.layouts.split(",") if name.strip()],
-        warmup_steps=default_warmup if arguments.warmup_steps is None else arguments.warmup_steps,
-        steps=default_steps if arguments.steps is None else arguments.steps,
+        arms=[name.strip() for name in arguments.arms.split(",") if name.strip()],
+        warmup_steps=arguments.warmup_steps,
+        steps=(1 if arguments.smoke else 2) if arguments.steps is None else arguments.steps,
         storage_units=arguments.storage_units,
         venv_dir=arguments.venv,
     )

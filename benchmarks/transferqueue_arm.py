@@ -2,10 +2,11 @@
 
 Runs only inside the separate venv ``bench-out/tq-venv`` (``transferqueue==0.1.11``, whose wheel installs a
 top-level ``tests`` package that would shadow ours); ``benchmarks/transfer_tq.py`` creates that venv and runs
-this script with the workload as JSON. It writes one JSON document to ``--output`` (else stdout) and its
-progress to stderr.
+this script with the workload as JSON. It reads one command per line on stdin (the arm, its warm-up and
+measured steps) and answers each with one JSON line on ``--reply-fd`` (else stdout); progress goes to stderr.
 
-    bench-out/tq-venv/bin/python benchmarks/transferqueue_arm.py --smoke --layouts a,b
+    echo '{"arm": "b", "warmup_steps": 0, "steps": 1}' \
+        | bench-out/tq-venv/bin/python benchmarks/transferqueue_arm.py --smoke
 """
 
 from __future__ import annotations

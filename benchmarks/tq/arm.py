@@ -1,6 +1,9 @@
 """The TransferQueue (sample-level storage) arms: writing the step, running it, measuring it.
 
-Entered through ``benchmarks/transferqueue_arm.py``, which prepares the process environment first.
+Entered through ``benchmarks/transferqueue_arm.py``, which prepares the process environment first. It starts
+TransferQueue once and then runs the arms its commands name, one JSON line per command (:func:`serve`), so that
+``benchmarks/transfer.py`` can interleave them with the KnitTrans arms. Besides the layouts below it runs
+TransferQueue's own streaming loader (``tq/streaming.py``).
 
 One step, per layout (see ``tq/layout.py``):
 
@@ -25,14 +28,16 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+import numpy as np
 import transfer_queue as tq
-from transfer_accounting import StepMeasurement, arm_report, compute_seconds, describe
+from transfer_accounting import StepMeasurement, arm_report, compute_seconds
 from transfer_placement import DpAssignment, MicroBatch, assign_dp, plan_micro_batches
 from transfer_workload import (
     RankCoord,
@@ -46,6 +51,7 @@ from transfer_workload import (
 from tq.layout import IMAGE_PARTITION, IMAGES_FIELD, TRAJECTORY_PARTITION, Layout, StoredStep, clear_step, write_step
 from tq.reader_pool import ReaderPool, ReadOutcome, ReadRequest
 from tq.runtime import loopback_transferqueue
+from tq.streaming import CONTROLLER_SETTINGS, StreamingArm
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +117,10 @@ class SampleLevelStep:
         self._readers = readers
 
     async def run(self) -> StepMeasurement:
-        started = time.monotonic()
+        started = time.time()
         config = self._plan.workload.config
         outcomes = await asyncio.gather(*(self._run_dp_group(dp_rank, started) for dp_rank in range(config.dp)))
-        step_s = time.monotonic() - started
+        step_s = time.time() - started
         return StepMeasurement(
             step_s=step_s,
             data_wait_s=tuple(outcome.data_wait_s for outcome in outcomes),
@@ -198,6 +204,13 @@ async def run_layout(
         steps=measured,
         details={
             "layout": layout.value,
+            "medium": MEDIUM,
+            # The rows were put before the step and the reads start when it does: the later of the last put and
+            # the loop asking is the step's start, so the data wait is the one-clock figure; these arms have no
+            # per-micro-batch take/release work (the whole mini-batch is in memory before micro-batch 0).
+            "exposed_one_clock_cold_s": measured[0].exposed_transfer_s,
+            "exposed_one_clock_steady_s_per_step": None,
+            "exposed_from_plan_known_s_per_step": float(np.median([m.exposed_transfer_s for m in measured])),
             "write_s": stored.write_s,
             "reader_concurrency": config.reader_concurrency,
             "readers": _describe_readers(layout),
@@ -219,51 +232,52 @@ def _describe_readers(layout: Layout) -> str:
     }[layout]
 
 
-async def run_all(
-    config: WorkloadConfig, *, layouts: Sequence[Layout], warmup_steps: int, steps: int, storage_units: int
-) -> dict[str, Any]:
+MEDIUM = "TransferQueue SimpleStorage: in-memory storage units (Ray actors), loopback ZMQ"
+
+
+async def serve(config: WorkloadConfig, *, storage_units: int, commands: TextIO, replies: TextIO) -> None:
+    """Start TransferQueue once, then run the arm each command line names, and answer each with one JSON line.
+
+    A command is ``{"arm": "a" | "b" | "b-tp-shared" | "streaming", "warmup_steps": N, "steps": N}``; an empty
+    line or end of input ends the session. The first reply describes the session.
+    """
     workload = build_workload(config)
     assignment = assign_dp(workload)
     plan = StepPlan(workload=workload, assignment=assignment, micro_batches=plan_micro_batches(workload, assignment))
     started = time.perf_counter()
-    arms = []
-    with loopback_transferqueue(storage_units=storage_units) as tq_config:
-        readers = ReaderPool(
-            processes=config.reader_concurrency,
-            controller_info=tq_config.controller.zmq_info,
-            storage_config=tq_config.backend.SimpleStorage,
-        )
+    loop = asyncio.get_running_loop()
+    with loopback_transferqueue(storage_units=storage_units, controller=CONTROLLER_SETTINGS) as tq_config:
+        readers = ReaderPool(processes=config.reader_concurrency, controller_info=tq_config.controller.zmq_info,
+                             storage_config=tq_config.backend.SimpleStorage)
+        streaming = None
         try:
-            started_readers = await readers.warm_up()
-            logger.info("%d reader processes ready", started_readers)
-            setup_s = time.perf_counter() - started
-            for layout in layouts:
-                arms.append(await run_layout(plan, layout, readers, warmup_steps=warmup_steps, steps=steps))
+            logger.info("%d reader processes ready", await readers.warm_up())
+            streaming = StreamingArm(workload, tq_config, planned_micro_batches=len(plan.micro_batches[0]))
+            replies.write(json.dumps({
+                "transferqueue_version": tq.__version__, "storage_backend": MEDIUM, "storage_units": storage_units,
+                "reader_concurrency": config.reader_concurrency, "setup_s": time.perf_counter() - started}) + "\n")
+            replies.flush()
+            while line := (await loop.run_in_executor(None, commands.readline)).strip():
+                command = json.loads(line)
+                warmup, steps = int(command["warmup_steps"]), int(command["steps"])
+                if command["arm"] == "streaming":
+                    report = await streaming.run(warmup_steps=warmup, steps=steps)
+                else:
+                    report = await run_layout(plan, Layout(command["arm"]), readers, warmup_steps=warmup, steps=steps)
+                replies.write(json.dumps(report) + "\n")
+                replies.flush()
         finally:
+            if streaming is not None:
+                streaming.close()
             readers.close()
-    return {
-        "benchmark": "transfer: TransferQueue (sample-level) arms",
-        "transferqueue_version": tq.__version__,
-        "storage_backend": "SimpleStorage (in-memory, loopback ZMQ)",
-        "storage_units": storage_units,
-        "reader_concurrency": config.reader_concurrency,
-        "warmup_steps": warmup_steps,
-        "measured_steps": steps,
-        "setup_s": setup_s,
-        "workload": describe(workload),
-        "arms": arms,
-    }
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
     parser.add_argument("--workload-json", help="the whole workload config as JSON (overrides workload flags)")
-    parser.add_argument("--layouts", default="a,b", help="comma-separated: a, b, b-tp-shared (default a,b)")
-    parser.add_argument("--warmup-steps", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=2, help="measured steps after warm-up")
     parser.add_argument("--storage-units", type=int, default=2, help="SimpleStorage units (TransferQueue default 2)")
-    parser.add_argument("--output", type=Path, help="write the JSON here instead of stdout")
+    parser.add_argument("--reply-fd", type=int, help="write the replies to this inherited descriptor (default stdout)")
     parser.add_argument("--tq-log-level", default="ERROR", help="TransferQueue's log level (read at start-up)")
     return parser.parse_args(argv)
 
@@ -274,24 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = WorkloadConfig.from_dict(json.loads(arguments.workload_json))
     else:
         config = config_from_arguments(arguments)
-    try:
-        layouts = [Layout(name.strip()) for name in arguments.layouts.split(",") if name.strip()]
-    except ValueError as error:
-        raise SystemExit(f"--layouts: {error}") from None
-    if arguments.steps < 1 or arguments.warmup_steps < 0 or arguments.storage_units < 1:
-        raise SystemExit("--steps and --storage-units must be >= 1, --warmup-steps >= 0")
-    result = asyncio.run(
-        run_all(
-            config,
-            layouts=layouts,
-            warmup_steps=arguments.warmup_steps,
-            steps=arguments.steps,
-            storage_units=arguments.storage_units,
-        )
-    )
-    document = json.dumps(result, indent=2)
-    if arguments.output:
-        arguments.output.write_text(document + "\n")
-    else:
-        print(document)
+    if arguments.storage_units < 1:
+        raise SystemExit("--storage-units must be >= 1")
+    replies = os.fdopen(arguments.reply_fd, "w") if arguments.reply_fd is not None else sys.stdout
+    with replies:
+        asyncio.run(serve(config, storage_units=arguments.storage_units, commands=sys.stdin, replies=replies))
     return 0

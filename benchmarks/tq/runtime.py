@@ -28,13 +28,14 @@ RAY_OBJECT_STORE_BYTES = 256 * 2**20
 
 
 @contextlib.contextmanager
-def loopback_transferqueue(*, storage_units: int) -> Iterator[Any]:
+def loopback_transferqueue(*, storage_units: int, controller: dict[str, Any] | None = None) -> Iterator[Any]:
     """Start Ray on 127.0.0.1 (a fresh local cluster in a private temp dir) and TransferQueue on it.
 
     Ray's servers and agents, and everything TransferQueue binds (controller and storage-unit ZMQ sockets,
     which use Ray's node address), listen on 127.0.0.1 once :func:`tq.environment.prepare_process_environment`
     has run; this refuses to start otherwise. On exit TransferQueue is closed, Ray shut down and the temp dir
-    removed. Yields TransferQueue's merged config, which other processes' clients need.
+    removed. ``controller`` overrides the controller's settings (its sampler, polling mode). Yields TransferQueue's
+    merged config, which other processes' clients need.
     """
     temp_dir = tempfile.mkdtemp(prefix="kt-tq-ray-")
     logger.info("starting a loopback Ray cluster in %s", temp_dir)
@@ -54,6 +55,7 @@ def loopback_transferqueue(*, storage_units: int) -> Iterator[Any]:
         requested = OmegaConf.create(
             {
                 "metrics": {"enabled": False},
+                "controller": dict(controller or {}),
                 "backend": {
                     "storage_backend": SIMPLE_STORAGE,
                     SIMPLE_STORAGE: {"num_data_storage_units": storage_units},

@@ -116,6 +116,8 @@ def _convert(annotation: Any, value: Any, field: str) -> Any:
         if value is None and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:  # an optional value: its own error names the nested key
+            return _convert(non_none[0], value, field)
         errors = []
         for option in non_none:
             try:

@@ -132,6 +132,20 @@ class MiniBatchFailed(KnitTransError):
         self.minibatch_index = minibatch_index
 
 
+class MiniBatchRestarted(Aborted):
+    """The mini-batch being iterated was restarted: a TP rank of this consumer restarted in the middle of it, and
+    every TP rank gets it again from its first micro-batch (DESIGN.md §9). Discard the gradient accumulated from
+    its micro-batches (``optimizer.zero_grad()``), do not step, and go on with ``mini_batches()``, which yields it
+    again whole."""
+
+    def __init__(self, message: str, *, sequence: int = 0, train_batch_index: int = 0,
+                 minibatch_index: int = 0) -> None:
+        super().__init__(message, field="sequence")
+        self.sequence = sequence
+        self.train_batch_index = train_batch_index
+        self.minibatch_index = minibatch_index
+
+
 _BY_STATUS: dict[str, type[KnitTransError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
     "FAILED_PRECONDITION": FailedPrecondition,

@@ -11,6 +11,9 @@ Splitting:
 * every array whose leading axis has length L is a per-token unit (sliceable by CP ranges), unless it
   is named in ``non_sequence_fields``; other arrays are non-sequence units, read whole;
 * Python numbers and 0-d arrays are scalars (reward, advantage, ...) and travel in the metadata;
+  ``int_scalars`` and ``bool_scalars`` are integer and boolean ones (packed as int64 and bool tensors), and
+  ``metadata`` maps names to ``str``, ``bytes`` or JSON-serialisable values (verl's ``uid``, ``data_source``,
+  ground truth): small values that reach the trainer beside each micro-batch (:mod:`knittrans.values`);
 * ``field_alignment`` says, for per-target fields (loss mask, log-probs, per-token advantages, ...), whether
   position t describes token t itself (``token``: verl's ``response_mask``, slime's ``loss_masks``) or the
   prediction of token t+1 (``label``). The trainer receives every such field label-aligned, like ``labels``
@@ -25,17 +28,24 @@ Splitting:
 A trajectory relies on a multimodal unit from the moment its write finds the unit present, not from its
 report: were a sibling's release to delete the unit in between, the trajectory would be admitted without
 its image. So when the reporter can reserve units (:class:`UnitReserver`; the admission client and
-:class:`~knittrans.client.reporter.BatchingReporter` can), ``submit`` reserves a trajectory's multimodal
-units with the admission service before writing them, and the report takes the reservation over. A reporter
-that reports by other means must reserve the same way (the ``ReserveUnits`` RPC) before writing.
+:class:`~knittrans.client.reporter.BatchingReporter` can), ``submit`` reserves all of a trajectory's units
+(its own and the multimodal ones) with the admission service before writing them, and the report takes the
+reservation over. A reporter that reports by other means must reserve the same way (the ``ReserveUnits`` RPC)
+before writing. A reservation never taken over (the worker died between writing and reporting) expires after
+the service's ``unreported_unit_ttl_seconds``, and the service deletes its units then.
 
 Everything is validated before the first byte is written. If the store fails part-way, the units this
 call created are removed again (multimodal units excepted: a sibling trajectory may already reference
 them; they are released with their sample), so a failed submit can simply be retried.
 
 If the admission service rejects a trajectory (a reporter whose ``report`` takes ``discard=``, such as
-:class:`~knittrans.client.reporter.BatchingReporter`, says which), its units are removed from the store and
-its reservation is cancelled, so the service deletes the multimodal units that nothing else references.
+:class:`~knittrans.client.reporter.BatchingReporter`, says which; the admission client itself raises the
+rejection), its units are removed from the store and its reservation is cancelled, so the service deletes the
+multimodal units that nothing else references. A conflict (the id was reported before with other content)
+raises :class:`~knittrans.errors.Conflict` and removes nothing.
+
+These I/O steps are :mod:`knittrans.submission`'s, shared with :class:`~knittrans.aio.AsyncRolloutClient`, the
+same client for asyncio rollout servers.
 """
 
 from __future__ import annotations
@@ -46,15 +56,20 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from numbers import Real
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from knittrans.errors import InvalidArgument
+from knittrans.blocking import run_to_completion
+from knittrans.client.model import ReportResult
+from knittrans.errors import InvalidArgument, within
+from knittrans.reservations import UnitReservation
 from knittrans.store.arrays import is_tensor, to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
+from knittrans.submission import Discard, discard_rejected, store_and_report
 from knittrans.types import (
     FieldAlignment,
     MultimodalRef,
@@ -66,10 +81,10 @@ from knittrans.types import (
     UnitKey,
     UnitKind,
     UnitRef,
-    UnitReservation,
     VersionSegment,
     check_id,
 )
+from knittrans.values import MetadataValue, TrajectoryValues
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +95,7 @@ DEFAULT_BATCH_BYTES = 256 << 20
 class MetadataReporter(Protocol):
     """Receives the metadata of stored trajectories (the admission client implements it)."""
 
-    def report(self, trajectories: Sequence[TrajectoryMeta]) -> None: ...
+    def report(self, trajectories: Sequence[TrajectoryMeta]) -> object: ...
 
 
 class RejectionReporter(Protocol):
@@ -132,6 +147,9 @@ class Trajectory:
     fields: Mapping[str, Any]
     multimodal: Sequence[MultimodalInput] = ()
     scalars: Mapping[str, float] = field(default_factory=dict)
+    int_scalars: Mapping[str, int] = field(default_factory=dict)
+    bool_scalars: Mapping[str, bool] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # str, bytes, MetadataValue or JSON-serialisable
     accepted: bool = True
     finished_at: float | None = None
     tokens_field: str = "input_ids"
@@ -145,6 +163,40 @@ class Trajectory:
 class _Split:
     meta: TrajectoryMeta
     writes: tuple[UnitWrite, ...]
+
+
+class BlockingSubmitIO:
+    """The sync client's :class:`~knittrans.submission.SubmitIO`: every call blocks, none suspends."""
+
+    def __init__(self, store: UnitStore, reporter: MetadataReporter | None, *, discard: Discard) -> None:
+        self._store = store
+        self._reporter = reporter
+        self._discard = discard
+        self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
+        self._reserver = reporter if isinstance(reporter, UnitReserver) else None
+
+    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> None:
+        if self._reserver is not None:
+            self._reserver.reserve_units(reservations)
+
+    async def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
+        if self._reserver is not None:
+            self._reserver.cancel_reservations(trajectory_ids)
+
+    async def put_many(self, writes: Sequence[UnitWrite], created: list[UnitKey]) -> None:
+        created.extend(self._store.put_many(writes).created)
+
+    async def delete_many(self, keys: Sequence[UnitKey]) -> None:
+        self._store.delete_many(keys)
+
+    async def report(self, metas: Sequence[TrajectoryMeta]) -> list[ReportResult] | None:
+        if self._reporter is None:
+            return None
+        if self._reports_rejections:
+            cast(RejectionReporter, self._reporter).report(metas, discard=self._discard)
+            return None
+        results = self._reporter.report(metas)  # the admission client's: one result per trajectory
+        return [r for r in results if isinstance(r, ReportResult)] if isinstance(results, list) else None
 
 
 class RolloutClient:
@@ -167,8 +219,7 @@ class RolloutClient:
         self._reporter = reporter
         self._batch_bytes = batch_bytes
         self._clock = clock
-        self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
-        self._reserver = reporter if isinstance(reporter, UnitReserver) else None
+        self._io = BlockingSubmitIO(store, reporter, discard=self._discard_rejected)
 
     @property
     def store(self) -> UnitStore:
@@ -185,6 +236,9 @@ class RolloutClient:
         segments: Sequence[VersionSegment],
         multimodal: Sequence[MultimodalInput] = (),
         scalars: Mapping[str, float] | None = None,
+        int_scalars: Mapping[str, int] | None = None,
+        bool_scalars: Mapping[str, bool] | None = None,
+        metadata: Mapping[str, Any] | None = None,
         accepted: bool = True,
         finished_at: float | None = None,
         tokens_field: str = "input_ids",
@@ -206,6 +260,9 @@ class RolloutClient:
             fields=fields,
             multimodal=multimodal,
             scalars=scalars or {},
+            int_scalars=int_scalars or {},
+            bool_scalars=bool_scalars or {},
+            metadata=metadata or {},
             accepted=accepted,
             finished_at=finished_at,
             tokens_field=tokens_field,
@@ -217,49 +274,24 @@ class RolloutClient:
 
     def submit_many(self, trajectories: Sequence[Trajectory]) -> list[TrajectoryMeta]:
         """Store several trajectories with shared batches; all are validated before anything is written."""
+        metas, writes = self.split_many(trajectories)
+        run_to_completion(store_and_report(metas, writes, self._io, batch_bytes=self._batch_bytes))
+        return metas
+
+    def split_many(self, trajectories: Sequence[Trajectory]) -> tuple[list[TrajectoryMeta], list[UnitWrite]]:
+        """Validate and split trajectories into their metadata and their unit writes; writes nothing (the
+        :class:`~knittrans.aio.AsyncRolloutClient` splits with it, off the event loop)."""
         splits = [self._split(trajectory, index) for index, trajectory in enumerate(trajectories)]
         seen: set[str] = set()
         for index, split in enumerate(splits):
             if split.meta.trajectory_id in seen:
                 raise InvalidArgument("appears twice in one submit", field=f"trajectories[{index}].trajectory_id")
             seen.add(split.meta.trajectory_id)
-        metas = [split.meta for split in splits]
-        reservations = [r for r in map(UnitReservation.of, metas) if r is not None]
-        if reservations and self._reserver is not None:
-            self._reserver.reserve_units(reservations)
-        try:
-            self._write([w for split in splits for w in split.writes])
-        except BaseException:
-            if reservations and self._reserver is not None:
-                try:
-                    self._reserver.cancel_reservations([r.trajectory_id for r in reservations])
-                except Exception:
-                    logger.exception("could not cancel the reservations of a failed submit")
-            raise
-        if self._reporter is None:
-            return metas
-        if not self._reports_rejections:
-            self._reporter.report(metas)
-            return metas
-        cast(RejectionReporter, self._reporter).report(metas, discard=self._discard_rejected)
-        return metas
-
-    # -- clean-up after a rejection -----------------------------------------------------------------
+        return [split.meta for split in splits], [w for split in splits for w in split.writes]
 
     def _discard_rejected(self, metas: Sequence[TrajectoryMeta]) -> None:
-        """The admission service rejected these trajectories, so nothing will ever release their units: remove
-        their own units, and cancel their reservations, so that the service deletes the multimodal units that no
-        other trajectory, of any rollout worker, references."""
-        keys = [unit.key for meta in metas for unit in meta.units]
-        if keys:
-            self._store.delete_many(keys)
-            logger.info("removed %d units of %d rejected trajectories", len(keys), len(metas))
-        reserved = [meta.trajectory_id for meta in metas if meta.multimodal]
-        if reserved and self._reserver is not None:
-            try:
-                self._reserver.cancel_reservations(reserved)
-            except Exception:  # the rejection is what the caller sees; a held reservation only delays a delete
-                logger.exception("could not cancel the reservations of %d rejected trajectories", len(reserved))
+        """The ``discard`` callback of a batching reporter (see :func:`~knittrans.submission.discard_rejected`)."""
+        run_to_completion(discard_rejected(metas, self._io))
 
     # -- splitting ----------------------------------------------------------------------------------
 
@@ -356,6 +388,7 @@ class RolloutClient:
             accepted=bool(trajectory.accepted),
             scalars=tuple(scalars.items()),
             finished_at=self._clock() if trajectory.finished_at is None else float(trajectory.finished_at),
+            values=_values(trajectory),
         )
         return _Split(meta=meta, writes=tuple(writes))
 
@@ -401,30 +434,23 @@ class RolloutClient:
             return int(np.count_nonzero(mask[1:]))  # token 0 is never a target
         return int(np.count_nonzero(mask[:-1]))  # the last position predicts nothing
 
-    # -- writing ------------------------------------------------------------------------------------
 
-    def _write(self, writes: Sequence[UnitWrite]) -> None:
-        created: list[UnitKey] = []
-        batch: list[UnitWrite] = []
-        batch_bytes = 0
-        try:
-            for write in writes:
-                if batch and batch_bytes + write.header.byte_length > self._batch_bytes:
-                    created.extend(self._store.put_many(batch).created)
-                    batch, batch_bytes = [], 0
-                batch.append(write)
-                batch_bytes += write.header.byte_length
-            if batch:
-                created.extend(self._store.put_many(batch).created)
-        except BaseException:
-            content_addressed = {w.key for w in writes if w.content_addressed}
-            owned = [key for key in created if key not in content_addressed]
-            if owned:
-                try:
-                    self._store.delete_many(owned)
-                except Exception:
-                    logger.exception("could not remove %d units of a failed submit", len(owned))
-            raise
+def _values(trajectory: Trajectory) -> TrajectoryValues:
+    """The trajectory's integer and boolean scalars and metadata, validated (numpy and torch numbers allowed)."""
+    ints, bools, metadata = [], [], []
+    for name, value in cast("Mapping[str, Any]", trajectory.int_scalars).items():
+        number = value.item() if is_tensor(value) or isinstance(value, np.generic) else value
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise InvalidArgument(f"must be an integer, got {type(value).__name__}", field=f"int_scalars.{name}")
+        ints.append((name, number))
+    for name, value in cast("Mapping[str, Any]", trajectory.bool_scalars).items():
+        flag = value.item() if is_tensor(value) or isinstance(value, np.generic) else value
+        if not isinstance(flag, bool):
+            raise InvalidArgument(f"must be a bool, got {type(value).__name__}", field=f"bool_scalars.{name}")
+        bools.append((name, flag))
+    for name, value in trajectory.metadata.items():
+        metadata.append((name, within(f"metadata.{name}", partial(MetadataValue.of, value))))
+    return TrajectoryValues(int_scalars=tuple(ints), bool_scalars=tuple(bools), metadata=tuple(metadata))
 
 
 def _is_scalar(value: Any) -> bool:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import NewType
 
 from knittrans.errors import InvalidArgument
+from knittrans.values import NO_VALUES, TrajectoryValues
 
 TrajectoryId = NewType("TrajectoryId", str)
 SampleId = NewType("SampleId", str)
@@ -304,6 +305,7 @@ class TrajectoryMeta:
     accepted: bool = True
     scalars: tuple[tuple[str, float], ...] = ()
     finished_at: float = 0.0
+    values: TrajectoryValues = NO_VALUES  # integer and boolean scalars, metadata
 
     def __post_init__(self) -> None:
         check_id(self.trajectory_id, "trajectory_id")
@@ -337,6 +339,9 @@ class TrajectoryMeta:
                 raise InvalidArgument("placeholder lies outside the sequence", field=f"multimodal[{i}].placeholder")
         if not math.isfinite(self.finished_at):
             raise InvalidArgument("must be finite", field="finished_at")
+        for name, _ in (*self.values.int_scalars, *self.values.bool_scalars):
+            if name in dict(self.scalars):
+                raise InvalidArgument(f"scalar {name!r} has two kinds", field=f"values.{name}")
 
     @property
     def oldest_version(self) -> int:
@@ -346,33 +351,6 @@ class TrajectoryMeta:
     @property
     def newest_version(self) -> int:
         return max(s.version for s in self.segments)
-
-
-@dataclass(frozen=True, kw_only=True)
-class UnitReservation:
-    """The multimodal units a trajectory will reference once reported, reserved before its rollout writes
-    them (a sibling may have stored them already, and its release must not delete them in between)."""
-
-    trajectory_id: TrajectoryId
-    sample_id: SampleId
-    multimodal_keys: tuple[UnitKey, ...]
-
-    def __post_init__(self) -> None:
-        check_id(self.trajectory_id, "trajectory_id")
-        check_id(self.sample_id, "sample_id")
-        object.__setattr__(self, "multimodal_keys", tuple(dict.fromkeys(self.multimodal_keys)))
-        if not self.multimodal_keys:
-            raise InvalidArgument("reserves nothing", field="multimodal_keys")
-        for i, key in enumerate(self.multimodal_keys):
-            check_id(key, f"multimodal_keys[{i}]")
-
-    @classmethod
-    def of(cls, meta: TrajectoryMeta) -> UnitReservation | None:
-        """The reservation a trajectory's report needs, or None if it references no multimodal unit."""
-        if not meta.multimodal:
-            return None
-        return cls(trajectory_id=meta.trajectory_id, sample_id=meta.sample_id,
-                   multimodal_keys=tuple(ref.key for ref in meta.multimodal))
 
 
 @dataclass(frozen=True, kw_only=True)

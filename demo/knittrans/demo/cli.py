@@ -28,22 +28,34 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
                                       "(default: a fresh demo-<random> per run)")
     parser.add_argument("--nodes", type=int, choices=[1, 3],
                         help="3: run on three network hosts (Linux network namespaces, root); implies --store mooncake")
+    parser.add_argument("--chaos", type=int, metavar="SEED",
+                        help="run under a seeded schedule of kill -9 and SIGSTOP/SIGCONT, restarting what dies, and "
+                             "check the outcome from outside; implies --state redis --store mooncake")
+    parser.add_argument("--chaos-targets", metavar="LIST",
+                        help="comma-separated fault targets: admission, redis, sidecar, trainer, rollout, "
+                             "mooncake-store (default: all)")
     return _run
 
 
 def _run(args: argparse.Namespace) -> int:
+    from knittrans.demo.chaos.schedule import parse_targets
     from knittrans.demo.stack.settings import DemoSettings
     from knittrans.errors import FailedPrecondition
 
     several_nodes = args.nodes is not None and args.nodes > 1
+    chaos = args.chaos is not None
     settings = load_config(
         DemoSettings,
         path=args.config,
         env={},  # the demo's own settings come from its file and flags; KNITTRANS_* belong to the services
-        flags={"store": args.store or ("mooncake" if several_nodes else None), "state": args.state,
+        flags={"store": args.store or ("mooncake" if several_nodes or chaos else None),
+               "state": args.state or ("redis" if chaos else None),
                "policy": args.policy, "train_batches": args.train_batches, "out": args.out, "nodes": args.nodes,
-               "job": args.job},
+               "job": args.job, "chaos.seed": args.chaos,
+               "chaos.targets": list(parse_targets(args.chaos_targets)) if args.chaos_targets else None},
     )
+    if settings.chaos.enabled:
+        return run_chaos_and_summarize(settings)
     if settings.nodes > 1:
         from knittrans.demo.stack.cluster import run_cluster_demo
 
@@ -56,6 +68,27 @@ def _run(args: argparse.Namespace) -> int:
             print("\nknittrans demo: interrupted; every node was torn down", file=sys.stderr)
             return 130
     return run_and_summarize(settings)
+
+
+def run_chaos_and_summarize(settings: DemoSettings) -> int:
+    """The chaos run: a JSON summary on stdout, then one line that says whether it passed."""
+    import json
+
+    from knittrans.demo.chaos.run import run_chaos_demo
+    from knittrans.demo.stack.processes import ProcessFailed
+    from knittrans.errors import FailedPrecondition
+
+    try:
+        report = run_chaos_demo(settings)
+    except (ProcessFailed, FailedPrecondition) as failure:
+        print(f"\nknittrans demo: {failure}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nknittrans demo: interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    print(json.dumps(report.summary(), indent=2))
+    print(report.line())
+    return 0 if report.verdict.passed else 1
 
 
 def run_and_summarize(settings: DemoSettings, nodes: Sequence[Node] = ()) -> int:

@@ -204,9 +204,11 @@ def play_samples(
     *,
     stop: threading.Event | None = None,
     on_submit: Callable[[TrajectoryMeta], None] | None = None,
+    already_acked: frozenset[str] = frozenset(),
 ) -> RolloutWorkerReport:
     """The worker's loop over its samples (see the module docstring); ``version_of(fresh)`` returns the policy
-    version (``fresh``: ask now). Returns when every trajectory is submitted, or as soon as ``stop`` is set."""
+    version (``fresh``: ask now). Returns when every trajectory is submitted, or as soon as ``stop`` is set.
+    Trajectories in ``already_acked`` (a restarted worker's, acknowledged before it died) are not submitted again."""
     stop = stop or threading.Event()
     report = RolloutWorkerReport(worker_index=settings.worker_index)
     sources = source_sequence(settings.workload, settings.num_samples)
@@ -241,6 +243,13 @@ def play_samples(
         if in_flight and in_flight[0][0] <= now:
             _, index, member = heapq.heappop(in_flight)
             sample, version, left = active[index]
+            if sample.trajectories[member].trajectory_id in already_acked:
+                if left == 1:
+                    del active[index]
+                    report.samples += 1
+                else:
+                    active[index] = (sample, version, left - 1)
+                continue
             meta = submit_trajectory(
                 rollout,
                 sample,
@@ -275,21 +284,30 @@ def run_rollout_worker(
     *,
     stop: threading.Event | None = None,
     on_submit: Callable[[TrajectoryMeta], None] | None = None,
+    acked_log: Path | None = None,
 ) -> RolloutWorkerReport:
     """Play this worker's samples against a live admission service and unit store; every report is
-    acknowledged before it returns (unless stopped)."""
+    acknowledged before it returns (unless stopped). With ``acked_log`` (the chaos run), every acknowledged
+    trajectory is appended there, and those it already holds (a restarted worker's) are not submitted again."""
+    from knittrans.demo.chaos.acks import AckRecordingClient, read_acked
+
+    already_acked = frozenset(read_acked([acked_log])) if acked_log is not None else frozenset()
     store = open_store(settings.store, job=settings.job)
     try:
         with AdmissionClient(settings.admission) as client:
-            reporter = BatchingReporter(client)
+            recording = AckRecordingClient(client, acked_log) if acked_log is not None else None
+            reporter = BatchingReporter(recording if recording is not None else client)  # type: ignore[arg-type]
             try:
                 rollout = RolloutClient(store, namespace=settings.namespace or settings.job, reporter=reporter)
                 watch = _VersionWatch(client, settings.poll_seconds, settings.initial_version)
                 report = play_samples(
-                    settings, rollout, lambda fresh: watch.current(fresh=fresh), stop=stop, on_submit=on_submit
+                    settings, rollout, lambda fresh: watch.current(fresh=fresh), stop=stop, on_submit=on_submit,
+                    already_acked=already_acked,
                 )
             finally:
                 reporter.close()
+                if recording is not None:
+                    recording.close()
     finally:
         store.close()
     logger.info(
@@ -323,6 +341,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll-seconds", type=float, default=0.1)
     parser.add_argument("--token", default="", help="bearer token of the admission service")
     parser.add_argument("--manifest", type=Path, help="write what was written here, as JSON")
+    parser.add_argument("--acked-log", type=Path,
+                        help="append acknowledged trajectories here, and skip those it already holds (chaos run)")
     return parser.parse_args(argv)
 
 
@@ -346,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_versions_ahead=args.max_versions_ahead,
         poll_seconds=args.poll_seconds,
     )
-    report = run_rollout_worker(settings)
+    report = run_rollout_worker(settings, acked_log=args.acked_log)
     if args.manifest is not None:
         args.manifest.write_text(json.dumps(report.manifest()))
     return 0

@@ -40,6 +40,9 @@ class RankRun:
     backbone_sockets: tuple[str, ...]  # indexed by global rank = dp_rank · cp + cp_rank
     encoder_sockets: tuple[str, ...]  # indexed by encoder dp rank
     out: str
+    # The chaos run: checkpoint after every step, log applied steps for the oracle, restore at start
+    # (knittrans.demo.chaos.checkpoint); a mini-batch that comes as a typed error is logged and skipped.
+    chaos: bool = False
 
 
 class RecordingMiniBatch:
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from knittrans.client.connection import ConnectionSettings
+    from knittrans.demo.chaos.checkpoint import RankHistory, any_rank_failed
     from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel
     from knittrans.demo.training import DemoTrainer, Parallelism, step_on_trainer_minibatch
     from knittrans.trainer import TrainerClient, TrainerSettings
@@ -129,13 +133,32 @@ def main(argv: list[str] | None = None) -> int:
         if rank < run.encoder_dp else None
     )
     out = Path(run.out)
-    steps_file = open(out / f"steps-rank{rank}.jsonl", "w")
-    pieces_file = open(out / f"received-rank{rank}.jsonl", "w")
+    history = RankHistory(out, rank) if run.chaos else None
+    restored, applied = (history.restore(trainer.model, trainer.optimizer, distributed=True) if history is not None
+                         else (None, 0))
+    # Appended to: a restarted rank (chaos) keeps what it logged before; a fresh run starts in an empty directory.
+    steps_file = open(out / f"steps-rank{rank}.jsonl", "a")
+    pieces_file = open(out / f"received-rank{rank}.jsonl", "a")
     encoder_minis = encoder.mini_batches() if encoder is not None else None
     waiting_since = time.time()  # wall clock, comparable with the service's admission times
+    # Sequences count mini-batches from 1. A restarted job ends at the last one even if a step in between never
+    # came back (its data was released before the checkpoint covered it): the oracle names what was lost, where
+    # counting applied steps would wait for a mini-batch that never comes.
+    done = restored is not None and restored >= run.steps
     try:
-        for step, mini in enumerate(backbone.mini_batches()):
+        for mini in ([] if done else backbone.mini_batches()):
             encoder_mini = next(encoder_minis) if encoder_minis is not None else None
+            if restored is not None and mini.sequence <= restored:
+                continue  # applied before the restart: the checkpoint holds it
+            if history is not None and any_rank_failed(mini, encoder_mini):
+                history.append({"event": "failed", "rank": rank, "sequence": mini.sequence,
+                                "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
+                                "planned": list(mini.context.admitted_trajectory_ids)})
+                applied += 1
+                if applied >= run.steps or mini.sequence >= run.steps:
+                    break
+                continue
+            step = applied
             received_at = time.time()
             pieces: list[dict] = []
             started = time.perf_counter()
@@ -163,10 +186,17 @@ def main(argv: list[str] | None = None) -> int:
             for piece in pieces:
                 pieces_file.write(json.dumps(piece) + "\n")
             pieces_file.flush()
+            applied += 1
+            if history is not None:
+                history.append({"event": "step", "rank": rank, "sequence": mini.sequence,
+                                "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
+                                "planned": list(mini.context.admitted_trajectory_ids), "pieces": pieces,
+                                "images": images})
+                history.save(trainer.model, trainer.optimizer, sequence=mini.sequence, applied=applied)
             mini.complete()
             if encoder_mini is not None:
                 encoder_mini.complete()
-            if step + 1 >= run.steps:
+            if applied >= run.steps or (history is not None and mini.sequence >= run.steps):
                 break
             waiting_since = time.time()
     finally:
@@ -175,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         backbone.close()
         if encoder is not None:
             encoder.close()
+        if history is not None:
+            history.close()
         dist.destroy_process_group()
     logger.info("trained %d mini-batches", run.steps)
     return 0

@@ -294,3 +294,37 @@ async def test_references_that_disagree_on_a_shared_input_are_rejected(service) 
             assert client.status().pool_size == 2
 
     await run(scenario)
+
+
+async def test_a_dp_rank_s_cp_streams_carry_the_same_bytes_and_name_only_their_own_trajectories(service) -> None:
+    """Each backbone DP rank's part is serialised once for all its CP ranks: both CP streams of a DP rank receive
+    the same bytes, which hold no admitted trajectory id beyond the rank's own items; a stream that asks for the
+    ids gets every admitted one, and each CP rank's cut (through the SDK) covers its rank's items."""
+    def scenario() -> tuple[dict[ConsumerId, bytes], set[str], dict[ConsumerId, set[str]]]:
+        with AdmissionClient(service.address) as client:
+            client.report([make_meta(i, source="AB"[i % 2], sample=i // 2, images=1) for i in range(4)])
+            watch = open_channel(client.connection).unary_stream(  # the bytes as sent, undecoded
+                "/knittrans.v1.AdmissionService/WatchAssignments",
+                request_serializer=pb.WatchAssignmentsRequest.SerializeToString, response_deserializer=bytes)
+            raw: dict[ConsumerId, bytes] = {}
+            for consumer in CONSUMERS:
+                stream = watch(pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer)), timeout=10)
+                raw[consumer] = next(stream)
+                stream.cancel()
+            cut = {c: {i.trajectory.trajectory_id for m in next(client.watch_assignments(c)).assignment.microbatches
+                       for i in m.items} for c in CONSUMERS[:4]}
+            admitted = set(next(client.watch_assignments(CONSUMERS[0])).trajectory_ids)
+            return raw, admitted, cut
+
+    raw, admitted, cut = await run(scenario)
+    assert admitted == {"t0", "t1", "t2", "t3"}
+    for dp_rank in range(2):
+        first, second = (raw[ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=c)] for c in range(2))
+        assert first == second
+        response = pb.WatchAssignmentsResponse.FromString(first)
+        assert response.WhichOneof("part") == "rank_assignment" and not response.admission.trajectory_ids
+        own = {i.trajectory.trajectory_id for m in response.rank_assignment.microbatches for i in m.items}
+        assert not any(t.encode() in first for t in admitted - own)
+        assert cut[ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=0)] == own
+        assert cut[ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=1)] == own
+    assert set().union(*cut.values()) == admitted

@@ -180,7 +180,8 @@ def test_bad_state_url_names_the_key(tmp_path: Path) -> None:
 def test_reservations_survive_kill_9(tmp_path: Path, redis_server) -> None:
     """A reservation is journaled like a report: after kill -9 the restarted service still holds it."""
     from knittrans.errors import InvalidArgument
-    from knittrans.types import TrajectoryId, UnitReservation
+    from knittrans.reservations import UnitReservation
+    from knittrans.types import TrajectoryId
 
     config = write_config(tmp_path / "admission.yaml", redis_server.url, vision_encoder=True)
     reservation = UnitReservation(trajectory_id="t9", sample_id="s9", multimodal_keys=("s9/img0",))

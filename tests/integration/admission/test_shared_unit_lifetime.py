@@ -23,10 +23,11 @@ import pytest
 from knittrans.admission.service.app import start_admission_service
 from knittrans.client.admission import AdmissionClient, ProgressStage
 from knittrans.errors import InvalidArgument, StoreError
+from knittrans.reservations import UnitReservation
 from knittrans.rollout import MultimodalInput, RolloutClient
 from knittrans.store.factory import open_store
 from knittrans.store.protocol import UnitRead
-from knittrans.types import TokenSpan, TrajectoryId, TrajectoryMeta, UnitReservation, VersionSegment
+from knittrans.types import TokenSpan, TrajectoryId, TrajectoryMeta, VersionSegment
 
 from .builders import service_settings
 from .test_admission_service import CONSUMERS
@@ -194,14 +195,14 @@ async def test_a_reservation_during_the_units_deletion_waits_and_the_write_store
     submits: its reservation must wait for that deletion to end, so that its write stores the image again."""
     running, store_url = stack
     started, proceed = threading.Event(), threading.Event()
-    delete = running.servicer._delete_keys
+    delete = running.servicer._deleter._delete_keys
 
     def held_delete(keys: list[str]) -> None:
         started.set()
         proceed.wait(30)
         delete(keys)
 
-    running.servicer._delete_keys = held_delete
+    running.servicer._deleter._delete_keys = held_delete
 
     def scenario() -> None:
         store = open_store(store_url)

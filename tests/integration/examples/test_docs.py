@@ -24,6 +24,7 @@ import pytest
 from tests.doc_blocks import ROOT, bash_blocks, commands, readme_commands
 
 INTEGRATION = ROOT / "docs" / "integration.md"
+ASYNC = ROOT / "docs" / "async.md"
 QUICKSTART_STORE = Path("/dev/shm/knittrans-quickstart")  # the quick start's job and store are named in its config
 
 
@@ -85,6 +86,31 @@ def test_the_quick_start_runs_verbatim_and_releases_the_data(tmp_path: Path, qui
         time.sleep(0.1)
     assert unit_files(QUICKSTART_STORE) == []
     assert not Path("/tmp/knittrans-quickstart/reorg-backbone-dp0-cp0.sock").exists()  # the sidecar cleaned up
+
+
+def test_the_async_sdk_page_runs_verbatim_and_releases_the_data(tmp_path: Path, quickstart_paths: None) -> None:
+    """docs/async.md's blocks: the async rollout example submits through AsyncRolloutClient and the async trainer
+    loop trains on it with `async for`, through the real services."""
+    work = repository_copy(tmp_path)
+    script = "set -e\n" + "\n".join(bash_blocks(ASYNC))
+    shell = subprocess.Popen(["bash", "-c", script], cwd=work, env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = shell.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(shell.pid, signal.SIGKILL)  # whatever a failed block left running
+        except ProcessLookupError:
+            pass
+    assert shell.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    assert stdout.count("submitted async-example-") == 8
+    assert "admitted 8" in stdout
+    assert "step 0: train batch 0 mini-batch 0" in stdout and "step 1: train batch 0 mini-batch 1" in stdout
+    assert "released 2 mini-batches" in stdout
+    deadline = time.monotonic() + 30  # the service deletes released units in the background
+    while unit_files(QUICKSTART_STORE) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert unit_files(QUICKSTART_STORE) == []
 
 
 README_COMMANDS = readme_commands("knittrans replay") + readme_commands("knittrans simulate")

@@ -87,3 +87,53 @@ def test_the_rollout_example_with_its_defaults_is_accepted_by_the_shipped_config
         assert "admission: pool 8" in rollout.stdout  # all accepted; a train batch of 256 is far away
     finally:
         group.stop_all()
+
+
+def test_the_async_rollout_example_submits_concurrently_and_a_rejected_submit_leaves_nothing(tmp_path: Path) -> None:
+    """examples/integration/async_rollout.py, as its docstring runs it, against the shipped quick-start config (the
+    job renamed, on a free port and a store of its own): first with a source the job lacks, then as is."""
+    config = yaml.safe_load((EXAMPLES / "admission.yaml").read_text())
+    config["job"] = f"aex{uuid.uuid4().hex[:6]}"
+    units = tmp_path / "units"
+    store = f"file://{units}"
+    config["store"] = store
+    config["server"] = {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}}
+    (tmp_path / "admission.yaml").write_text(yaml.safe_dump(config))
+    group = ProcessGroup(tmp_path / "logs")
+    try:
+        admission = group.start("admission", [sys.executable, "-m", "knittrans.cli", "admission", "serve",
+                                              "--config", str(tmp_path / "admission.yaml"),
+                                              "--ready-file", str(tmp_path / "a.json")])
+        address = group.wait_ready(admission, tmp_path / "a.json")["address"]
+        command = [sys.executable, str(EXAMPLES / "async_rollout.py"), "--admission", address, "--store", store]
+        rejected = subprocess.run([*command, "--sources", "poetry"], capture_output=True, text=True, timeout=120)
+        assert rejected.returncode != 0
+        assert "InvalidArgument" in rejected.stderr and "source" in rejected.stderr, rejected.stderr[-2000:]
+        assert [p for p in units.rglob("*") if p.is_file()] == []  # nothing of the rejected submits stays
+        rollout = subprocess.run([*command, "--count", "8", "--concurrency", "4"], capture_output=True, text=True,
+                                 timeout=120)
+        assert rollout.returncode == 0, rollout.stderr
+        assert rollout.stdout.count("submitted async-example-") == 8
+        assert "admitted 8" in rollout.stdout
+        group.check()
+    finally:
+        group.stop_all()
+
+
+def test_the_documented_schema_is_the_shipped_example_and_loads(tmp_path: Path) -> None:
+    """docs/integration.md's schema block is examples/integration/admission-schema.yaml's, verbatim, and the one
+    config loader builds it (unknown keys would be errors)."""
+    from knittrans.admission.service.settings import AdmissionServiceSettings
+    from knittrans.config import load_config
+    from knittrans.values import MetadataKind, ScalarKind
+
+    docs = (ROOT / "docs" / "integration.md").read_text()
+    blocks = re.findall(r"```yaml\n(schema:\n.*?)```", docs, re.DOTALL)
+    assert len(blocks) == 1
+    shipped = (EXAMPLES / "admission-schema.yaml").read_text()
+    assert blocks[0] in shipped
+    settings = load_config(AdmissionServiceSettings, path=EXAMPLES / "admission-schema.yaml", env={})
+    assert settings.schema is not None
+    assert settings.schema.scalars["num_turns"].kind is ScalarKind.INT
+    assert settings.schema.metadata["ground_truth"].kind is MetadataKind.JSON
+    assert yaml.safe_load(blocks[0])["schema"].keys() == {"token_fields", "fields", "scalars", "metadata"}

@@ -75,14 +75,17 @@ def wait_ready(process: Process, ready_file: Path, timeout: float = 30.0) -> Pro
 
 
 def start_admission(directory: Path, *, job: str, store: str, topology: dict, train_batch_size: int,
-                    num_minibatches: int) -> Process:
+                    num_minibatches: int, settings: dict | None = None, schema: dict | None = None) -> Process:
+    """``settings``: more admission config keys (they win over the defaults here)."""
     config = directory / "admission.yaml"
     config.write_text(yaml.safe_dump({
+        **({"schema": schema} if schema is not None else {}),
         "job": job,
         "store": store,
         "engine": {"train_batch_size": train_batch_size, "num_minibatches": num_minibatches, "sources": {"A": 0.5}},
         "topology": topology,
         "server": {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}},
+        **(settings or {}),
     }))
     ready = directory / "admission.ready"
     process = spawn("admission", [KNITTRANS, "admission", "serve", "--config", str(config), "--ready-file",
@@ -91,9 +94,11 @@ def start_admission(directory: Path, *, job: str, store: str, topology: dict, tr
 
 
 def start_sidecar(directory: Path, *, job: str, store: str, admission: str, dp_rank: int, cp_rank: int,
-                  slots: int = 3, generation: int = 0, role: str = "backbone") -> Process:
+                  slots: int = 3, generation: int = 0, role: str = "backbone", settings: dict | None = None
+                  ) -> Process:
     config = directory / "reorg.yaml"
-    config.write_text(yaml.safe_dump({"job": job, "store": store, "server": {"metrics": {"port": -1}}}))
+    config.write_text(yaml.safe_dump({"job": job, "store": store, "server": {"metrics": {"port": -1}},
+                                      **(settings or {})}))
     name = f"reorg-{role.replace(':', '-')}-dp{dp_rank}-cp{cp_rank}-g{generation}"
     ready = directory / f"{name}.ready"
     process = spawn(name, [KNITTRANS, "reorg", "serve", "--config", str(config), "--role", role,
@@ -104,10 +109,12 @@ def start_sidecar(directory: Path, *, job: str, store: str, admission: str, dp_r
 
 
 def start_trainer(directory: Path, *, socket: str, tp_rank: int, global_rank: int, admission: str,
-                  minibatches: int, sleep: float = 0.0) -> tuple[Process, Path]:
-    output = directory / f"trainer-{global_rank}.json"
-    process = spawn(f"trainer-{global_rank}", [sys.executable, WORKER, "--socket", socket, "--tp-rank", str(tp_rank),
-                                               "--global-rank", str(global_rank), "--admission", admission,
-                                               "--minibatches", str(minibatches), "--output", str(output),
-                                               "--sleep", str(sleep)], directory)
+                  minibatches: int, sleep: float = 0.0, use_asyncio: bool = False, name: str = "",
+                  extra: tuple[str, ...] = ()) -> tuple[Process, Path]:
+    name = name or f"trainer-{global_rank}"
+    output = directory / f"{name}.json"
+    process = spawn(name, [sys.executable, WORKER, "--socket", socket, "--tp-rank", str(tp_rank),
+                           "--global-rank", str(global_rank), "--admission", admission,
+                           "--minibatches", str(minibatches), "--output", str(output),
+                           "--sleep", str(sleep), *(["--asyncio"] if use_asyncio else []), *extra], directory)
     return process, output

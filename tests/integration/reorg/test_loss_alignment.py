@@ -24,12 +24,13 @@ from knittrans.admission.service.assignments import MiniBatchDispatch, gather_ro
 from knittrans.admission.service.ingest.rules import IngestLimits, check_columns
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import InvalidArgument
-from knittrans.plan.proto import assignment_from_proto
+from knittrans.plan.rank_proto import consumer_assignment_from_rank_proto
 from knittrans.reorg.packing import LABELS, PackSettings, backbone_layout, fill_backbone, tensor_view
 from knittrans.reorg.reader import MicroBatchReader
 from knittrans.rollout import RolloutClient
 from knittrans.store.file import FileUnitStore
 from knittrans.types import BackboneTopology, ConsumerId, FieldAlignment, Topology, TrajectoryMeta, VersionSegment
+from knittrans.v1 import plan_pb2
 from knittrans.wire.columns import batch_from_metas
 
 VOCAB = 53
@@ -158,7 +159,8 @@ def packed_step(model: TinyLM, store: FileUnitStore, dispatch: MiniBatchDispatch
     for dp_rank in range(topology.backbone.dp):
         for cp_rank in range(cp):
             consumer = ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=cp_rank)
-            assignment = assignment_from_proto(dispatch.assignment(consumer))  # what the sidecar receives
+            rank = plan_pb2.RankAssignment(**dispatch.rank_fields(dp_rank))  # what the sidecar receives
+            assignment = consumer_assignment_from_rank_proto(rank, consumer)
             for micro in assignment.microbatches:
                 layout = backbone_layout(micro, cp=cp, settings=PACK)
                 slot = np.zeros(max(layout.used_bytes, 1), dtype=np.uint8)

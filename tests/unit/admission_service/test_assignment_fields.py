@@ -1,5 +1,6 @@
-"""The service builds each consumer's assignment straight from the plan's arrays; it must equal
-``assignment_to_proto(plan_minibatch(...).for_consumer(c))``, whichever form the trajectories were reported in."""
+"""The service builds each consumer's assignment straight from the plan's arrays: an encoder consumer's must equal
+``assignment_to_proto(plan_minibatch(...).for_consumer(c))``, and what each backbone CP rank cuts from its DP rank's
+part must equal ``plan.for_consumer(c)``, whichever form the trajectories were reported in."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from knittrans.admission.planning import plan_minibatch
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.plan.proto import assignment_to_proto
+from knittrans.plan.rank_proto import consumer_assignment_from_rank_proto
 from knittrans.types import (
     BackboneTopology,
+    ConsumerId,
     DType,
     EncoderTopology,
     FieldAlignment,
@@ -27,6 +30,7 @@ from knittrans.types import (
     UnitRef,
     VersionSegment,
 )
+from knittrans.v1 import plan_pb2
 from knittrans.wire import trajectory_to_proto
 from knittrans.wire.columns import batch_from_metas
 from tests.builders import digest, token_unit
@@ -89,13 +93,23 @@ def dispatches(metas: list[TrajectoryMeta], topology: Topology, labels: tuple[st
     return [MiniBatchDispatch(gather_rows(rows), topology, labels) for rows in located]
 
 
+def built_part(dispatch: MiniBatchDispatch, consumer: ConsumerId) -> plan_pb2.ConsumerAssignment:
+    """What ``consumer``'s sidecar holds: an encoder's own part, or a backbone CP rank's cut of its DP rank's part
+    (after a round trip through the wire, as the stream carries it)."""
+    if consumer.encoder_name is not None:
+        return dispatch.assignment(consumer)
+    rank = plan_pb2.RankAssignment(**dispatch.rank_fields(consumer.dp_rank))
+    rank = plan_pb2.RankAssignment.FromString(rank.SerializeToString())
+    return assignment_to_proto(consumer_assignment_from_rank_proto(rank, consumer))
+
+
 def check_equal(metas: list[TrajectoryMeta], topology: Topology, labels: tuple[str, ...]) -> None:
     plan = plan_minibatch(metas, topology, label_fields=labels)
     for dispatch in dispatches(metas, topology, labels):
         assert dispatch.minibatch_loss_tokens == plan.backbone.minibatch_loss_tokens
         for consumer in plan.consumers():
             expected = assignment_to_proto(plan.for_consumer(consumer))
-            built = dispatch.assignment(consumer)
+            built = built_part(dispatch, consumer)
             assert built == expected, consumer
             assert built.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
 
@@ -137,9 +151,9 @@ def test_shared_views_give_each_consumer_what_an_independent_build_gives(lengths
     order += data.draw(st.lists(st.tuples(st.integers(0, 1), st.integers(0, len(consumers) - 1)), max_size=6))
     for b, c in order:
         consumer = consumers[c]
-        built = shared[b].assignment(consumer)
+        built = built_part(shared[b], consumer)
         metas = minibatches[b]
         columns = TrajectoryColumns.from_messages([trajectory_to_proto(m) for m in metas])
         alone = MiniBatchDispatch(gather_rows([(columns, i) for i in range(len(metas))]), topo, ("input_ids",))
-        assert built == alone.assignment(consumer), (b, consumer)
+        assert built == built_part(alone, consumer), (b, consumer)
         assert built == assignment_to_proto(plans[b].for_consumer(consumer)), (b, consumer)

@@ -1,6 +1,7 @@
 """Domain types validate their fields, and survive a protobuf round trip unchanged."""
 
 import hashlib
+import json
 from dataclasses import replace
 
 import pytest
@@ -25,6 +26,7 @@ from knittrans.types import (
     VersionSegment,
 )
 from knittrans.v1 import trajectory_pb2
+from knittrans.values import MetadataKind, MetadataValue, TrajectoryValues
 from knittrans.wire import (
     consumer_from_proto,
     consumer_to_proto,
@@ -157,3 +159,33 @@ def test_consumer_outside_topology_is_rejected() -> None:
     assert info.value.field == "cp_rank"
     with pytest.raises(InvalidArgument, match="role"):
         ConsumerId(role="decoder", dp_rank=0)
+
+
+_value_names = st.sampled_from(["uid", "data_source", "ground_truth", "turns", "correct", "extra"])
+_metadata_values = st.one_of(
+    st.text(max_size=40).map(lambda text: MetadataValue(kind=MetadataKind.STR, value=text)),
+    st.binary(max_size=40).map(lambda data: MetadataValue(kind=MetadataKind.BYTES, value=data)),
+    st.recursive(st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8),
+                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                 max_leaves=6).map(MetadataValue.of),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ints=st.dictionaries(_value_names, st.integers(-(2**63), 2**63 - 1), max_size=3),
+    bools=st.dictionaries(_value_names, st.booleans(), max_size=3),
+    metadata=st.dictionaries(_value_names, _metadata_values, max_size=4),
+)
+def test_typed_values_survive_proto_and_plan_json_round_trips(ints, bools, metadata) -> None:
+    """Every value reads back with its kind: an integer stays an integer (not a float), bytes stay bytes, and
+    JSON text stays the same text (a plan written to BATCH.jsonl and read back plans the same trajectory)."""
+    from knittrans.plan.json import trajectory_from_json_dict, trajectory_to_json_dict
+
+    bools = {name: flag for name, flag in bools.items() if name not in ints}  # one kind per scalar name
+    values = TrajectoryValues(int_scalars=tuple(ints.items()), bool_scalars=tuple(bools.items()),
+                              metadata=tuple(metadata.items()))
+    meta = make_meta(values=values)
+    message = trajectory_pb2.TrajectoryMetadata.FromString(trajectory_to_proto(meta).SerializeToString())
+    assert trajectory_from_proto(message) == meta
+    assert trajectory_from_json_dict(json.loads(json.dumps(trajectory_to_json_dict(meta)))) == meta

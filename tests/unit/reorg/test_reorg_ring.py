@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knittrans.errors import FailedPrecondition, InvalidArgument
-from knittrans.reorg.ring import RingCore, SharedMemoryRing
+from knittrans.reorg.ring import Released, RingCore, SharedMemoryRing
+from knittrans.reorg.rounds import RankProgress
 from knittrans.reorg.sidecar import DeliveryTracker
 from knittrans.shm import AttachedSegment, list_segments, segment_prefix
 
@@ -22,13 +23,13 @@ def test_a_slot_is_free_again_only_when_every_tp_rank_released_it() -> None:
     t1, _ = core.publish(a, lambda t: f"d{t}")
     core.publish(b, lambda t: f"d{t}")
     assert core.occupied == 2
-    assert core.release(t1, 0) is None
-    assert core.release(t1, 0) is None  # twice is a no-op
-    assert core.release(t1, 2) is None
+    assert core.release(t1, 0) == Released(descriptor="d1", freed=False)
+    assert core.release(t1, 0) == Released(descriptor=None, freed=False)  # twice is a no-op
+    assert not core.release(t1, 2).freed
     assert core.take() is None
-    assert core.release(t1, 1) == "d1"
+    assert core.release(t1, 1) == Released(descriptor="d1", freed=True)
     assert core.take() == a
-    assert core.release(99, 0) is None  # unknown tickets are no-ops
+    assert core.release(99, 0) == Released(descriptor=None, freed=False)  # unknown tickets are no-ops
     with pytest.raises(InvalidArgument):
         core.release(t1, 3)
 
@@ -70,8 +71,8 @@ def test_ring_invariants_under_random_use(slots, tp, actions) -> None:
             if found is not None:
                 ticket, _ = found
                 released[ticket].add(rank)
-                freed = core.release(ticket, rank)
-                assert (freed is not None) == (released[ticket] == set(range(tp)))
+                freed = core.release(ticket, rank).freed
+                assert freed == (released[ticket] == set(range(tp)))
         outstanding = [t for t, ranks in released.items() if ranks != set(range(tp))]
         assert core.occupied == len(outstanding) <= slots
         assert core.outstanding == len(outstanding)
@@ -129,3 +130,47 @@ async def test_a_new_ring_removes_a_crashed_predecessors_segments() -> None:
     ring: SharedMemoryRing[str] = SharedMemoryRing(slots=2, tp=1, prefix=prefix)
     assert list_segments(prefix) == []
     await ring.close()
+
+
+def test_withdrawn_tickets_are_never_handed_out_again_and_free_once_their_holders_release_them() -> None:
+    core: RingCore[tuple[int, int]] = RingCore(slots=3, tp=2)
+    for key in ((1, 0), (1, 1), (2, 0)):
+        core.publish(core.take(), lambda t, k=key: k)
+    for rank in (0, 1):  # both ranks were handed the first two tickets
+        for ticket in (1, 2):
+            core.hand_out(ticket, rank)
+    core.release(1, 0)
+    core.release(1, 1)
+    assert core.withdraw(lambda key: key[0] >= 1, restarted=1) == 2  # tickets 2 and 3
+    assert core.next_after(0, 0) is None and core.next_after(0, 1) is None
+    # Rank 1 restarted: its old process holds nothing. Ticket 3 was never handed to rank 0: its slot is free.
+    assert core.occupied == 1
+    assert core.release(2, 0) == Released(descriptor=None, freed=True)  # a withdrawn release counts for nothing
+    assert core.occupied == 0
+
+
+def test_a_rank_that_asks_past_a_withdrawn_ticket_never_received_it() -> None:
+    core: RingCore[int] = RingCore(slots=2, tp=1)
+    for _ in range(2):
+        core.publish(core.take(), lambda t: t)
+    core.hand_out(1, 0)
+    core.hand_out(2, 0)  # the answer was lost on its way
+    core.withdraw(lambda d: True, restarted=99)
+    assert core.occupied == 2
+    assert core.forget_unreceived(1, 0)
+    assert core.occupied == 1
+    core.publish(core.take(), lambda t: t, skip=frozenset())
+    assert core.next_after(1, 0) == (3, 3)
+
+
+def test_rank_progress_sees_restarts_and_who_skips_what_in_a_new_round() -> None:
+    ranks = RankProgress()
+    assert not ranks.called_from(0, "a") and not ranks.called_from(1, "b")
+    assert not ranks.called_from(0, "a") and not ranks.called_from(0, "")
+    ranks.released(0, 1, last_in_minibatch=True)
+    ranks.released(0, 2, last_in_minibatch=False)
+    ranks.released(1, 1, last_in_minibatch=False)
+    assert ranks.partway == {0, 1}
+    assert ranks.called_from(1, "b2")  # a new process of TP rank 1
+    assert ranks.rewind([1, 2]) == {1: frozenset({0}), 2: frozenset()}
+    assert ranks.partway == frozenset()

@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
-from knittrans.client.aio import AsyncAdmissionClient
-from knittrans.client.connection import ConnectionSettings
+import grpc
+
+from knittrans.blocking import run_to_completion
+from knittrans.client.aio import DEFAULT_RETRY_CODES, AsyncAdmissionClient
+from knittrans.client.connection import UNARY_RETRY, ConnectionSettings
 from knittrans.client.model import (
     DEFAULT_DEADLINE,
     AdmissionStatus,
@@ -29,8 +32,11 @@ from knittrans.client.model import (
     new_request_id,
     status_from_proto,
 )
-from knittrans.client.transport import BlockingTransport, run_to_completion
-from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.client.transport import BlockingTransport
+from knittrans.reservations import UnitReservation
+from knittrans.retry import RetryPolicy
+from knittrans.steps import StepId
+from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import trajectory_pb2
 
 __all__ = [
@@ -53,9 +59,22 @@ __all__ = [
 
 
 class AdmissionClient:
-    def __init__(self, connection: ConnectionSettings | str, *, deadline: timedelta = DEFAULT_DEADLINE) -> None:
-        self._client = AsyncAdmissionClient(connection, deadline=deadline, transport=BlockingTransport)
+    """The sync face of :class:`~knittrans.client.aio.AsyncAdmissionClient`: same arguments, same retry rules
+    (``retry_policy`` and ``retry_codes`` are the async client's objects)."""
+
+    def __init__(
+        self,
+        connection: ConnectionSettings | str,
+        *,
+        deadline: timedelta = DEFAULT_DEADLINE,
+        retry: RetryPolicy = UNARY_RETRY,
+        retry_codes: frozenset[grpc.StatusCode] = DEFAULT_RETRY_CODES,
+    ) -> None:
+        self._client = AsyncAdmissionClient(connection, deadline=deadline, retry=retry, retry_codes=retry_codes,
+                                            transport=BlockingTransport)
         self.connection = self._client.connection
+        self.retry_policy = self._client.retry_policy
+        self.retry_codes = self._client.retry_codes
 
     def close(self) -> None:
         run_to_completion(self._client.close())
@@ -127,6 +146,10 @@ class AdmissionClient:
 
     def advance_version(self, train_batch_index: int, new_version: int, *, deadline: timedelta | None = None) -> int:
         return run_to_completion(self._client.advance_version(train_batch_index, new_version, deadline=deadline))
+
+    def report_checkpoint(self, step: StepId, *, deadline: timedelta | None = None) -> StepId:
+        """A checkpoint holds every step up to and including ``step`` (see ``ReportCheckpoint``)."""
+        return run_to_completion(self._client.report_checkpoint(step, deadline=deadline))
 
     def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
         """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from knittrans.client.connection import UNARY_RETRY, ConnectionSettings, error_from_rpc
+from knittrans.client.connection import RETRYABLE_CODES, UNARY_RETRY, ConnectionSettings, error_from_rpc
 from knittrans.client.model import (
     DEFAULT_DEADLINE,
     AdmissionStatus,
@@ -39,13 +39,15 @@ from knittrans.client.model import (
     verdict_from_proto,
 )
 from knittrans.client.transport import AioTransport, Transport
+from knittrans.reservations import UnitReservation
 from knittrans.retry import RetryPolicy
-from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.steps import StepId
+from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_to_proto
 
-DEFAULT_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+DEFAULT_RETRY_CODES = RETRYABLE_CODES  # the SDK's one set (knittrans.client.connection)
 
 
 class AsyncAdmissionClient:
@@ -63,6 +65,8 @@ class AsyncAdmissionClient:
     ) -> None:
         self.connection = ConnectionSettings(target=connection) if isinstance(connection, str) else connection
         self._deadline = deadline
+        self.retry_policy = retry
+        self.retry_codes = retry_codes
         self._transport = transport(self.connection, retry, retry_codes)
 
     async def close(self) -> None:
@@ -134,23 +138,26 @@ class AsyncAdmissionClient:
         return registration_from_proto(await self._idempotent("RegisterConsumer", request, deadline))
 
     def watch_assignment_messages(
-        self, consumer: ConsumerId, *, after_sequence: int = 0
+        self, consumer: ConsumerId, *, after_sequence: int = 0, include_trajectory_ids: bool = False
     ) -> AsyncGenerator[pb.WatchAssignmentsResponse, None]:
         """The raw stream (for readers that decode an assignment lazily); one connection, no retry, no
         deadline (keep-alive pings detect a dead peer). It raises ``grpc.RpcError``: a reader that
         reconnects decides which codes it retries, and maps the others with
-        :func:`~knittrans.client.connection.error_from_rpc`."""
-        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer), after_sequence=after_sequence)
+        :func:`~knittrans.client.connection.error_from_rpc`. Without ``include_trajectory_ids`` the admission
+        names no trajectories (the part names its own)."""
+        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(consumer), after_sequence=after_sequence,
+                                             include_trajectory_ids=include_trajectory_ids)
         return self._transport.stream("WatchAssignments", request)
 
     async def watch_assignments(
         self, consumer: ConsumerId, *, after_sequence: int = 0
     ) -> AsyncGenerator[Assignment, None]:
-        """Assignments in order, decoded; the stream has no deadline (keep-alive pings detect a dead peer)."""
-        messages = self.watch_assignment_messages(consumer, after_sequence=after_sequence)
+        """Assignments in order, decoded, each with every admitted trajectory id; the stream has no deadline
+        (keep-alive pings detect a dead peer)."""
+        messages = self.watch_assignment_messages(consumer, after_sequence=after_sequence, include_trajectory_ids=True)
         try:
             async for response in messages:
-                yield assignment_from_proto(response)
+                yield assignment_from_proto(response, consumer)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         finally:
@@ -175,6 +182,15 @@ class AsyncAdmissionClient:
         )
         response: pb.AdvanceVersionResponse = await self._idempotent("AdvanceVersion", request, deadline)
         return response.version
+
+    async def report_checkpoint(self, step: StepId, *, deadline: timedelta | None = None) -> StepId:
+        """A checkpoint holds every step up to and including ``step``; returns the latest checkpoint the service
+        knows (its ``train_version`` is 0: the service keeps the step's position only)."""
+        request = pb.ReportCheckpointRequest(request_id=new_request_id(), train_batch_index=step.train_batch_index,
+                                             minibatch_index=step.minibatch_index)
+        response: pb.ReportCheckpointResponse = await self._idempotent("ReportCheckpoint", request, deadline)
+        return StepId(train_batch_index=response.checkpoint_train_batch_index,
+                      minibatch_index=response.checkpoint_minibatch_index)
 
     async def status(self, *, deadline: timedelta | None = None) -> AdmissionStatus:
         """The job's state; like every read, retried while the service is unavailable (not started yet, restarting)."""

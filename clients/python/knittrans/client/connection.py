@@ -140,6 +140,14 @@ def call(
         raise error_from_rpc(error) from None
 
 
+# The SDK's one set of retry rules, for every client of a KnitTrans service (the sync and async admission
+# clients, the reorg sidecar's assignment source, the trainer client's sidecar calls). A call is retried when it
+# failed with one of these codes: the peer is not there yet or any more (UNAVAILABLE), did not answer in time
+# (DEADLINE_EXCEEDED), or is stopping and cancelled the calls it had (CANCELLED; a call this process cancels
+# itself ends the caller instead). Others, RESOURCE_EXHAUSTED included (a message over the size limit), would fail
+# the same way again. Only idempotent calls are retried; every unary call of the services is.
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                             grpc.StatusCode.CANCELLED})
 # Idempotent calls: retried while the service is unavailable (not started yet, restarting) for up to 30 s.
 UNARY_RETRY = RetryPolicy(initial=0.05, cap=2.0, deadline=30.0, jitter=0.5)
 

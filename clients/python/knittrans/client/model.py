@@ -15,7 +15,9 @@ from enum import StrEnum
 from knittrans.errors import InvalidArgument, KnitTransError
 from knittrans.plan import ConsumerAssignment
 from knittrans.plan.proto import assignment_from_proto as consumer_assignment_from_proto
-from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.plan.rank_proto import consumer_assignment_from_rank_proto
+from knittrans.reservations import UnitReservation
+from knittrans.types import ConsumerId, Topology, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_from_proto, consumer_to_proto, topology_from_proto, trajectory_to_proto
@@ -60,6 +62,7 @@ class Registration:
     topology: Topology
     acknowledged_sequence: int
     job: str
+    num_minibatches: int = 1  # per train batch: sequence s is mini-batch (s-1) % n of train batch (s-1) // n
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,7 +193,7 @@ def report_results(request: pb.ReportTrajectoriesRequest, response: pb.ReportTra
 
 def reservations_to_proto(reservations: Sequence[UnitReservation]) -> list[pb.UnitReservation]:
     return [pb.UnitReservation(trajectory_id=r.trajectory_id, sample_id=r.sample_id,
-                               multimodal_keys=list(r.multimodal_keys))
+                               multimodal_keys=list(r.multimodal_keys), unit_keys=list(r.unit_keys))
             for r in reservations]
 
 
@@ -200,11 +203,18 @@ def progress_stage_to_proto(stage: ProgressStage) -> pb.ProgressStage:
 
 def registration_from_proto(response: pb.RegisterConsumerResponse) -> Registration:
     return Registration(topology=topology_from_proto(response.topology),
-                        acknowledged_sequence=response.acknowledged_sequence, job=response.job)
+                        acknowledged_sequence=response.acknowledged_sequence, job=response.job,
+                        num_minibatches=response.num_minibatches or 1)
 
 
-def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:
+def assignment_from_proto(response: pb.WatchAssignmentsResponse, consumer: ConsumerId) -> Assignment:
+    """``consumer``'s assignment; a backbone consumer's is cut from its DP rank's part (the same message on
+    every CP rank's stream). ``trajectory_ids`` is what the stream was asked to carry (include_trajectory_ids)."""
     admission = response.admission
+    if response.WhichOneof("part") == "rank_assignment":
+        part = consumer_assignment_from_rank_proto(response.rank_assignment, consumer)
+    else:
+        part = consumer_assignment_from_proto(response.assignment)
     return Assignment(
         sequence=response.sequence,
         train_batch_index=admission.train_batch_index,
@@ -213,7 +223,7 @@ def assignment_from_proto(response: pb.WatchAssignmentsResponse) -> Assignment:
         train_version=admission.train_version,
         trajectory_ids=tuple(TrajectoryId(t) for t in admission.trajectory_ids),
         global_loss_tokens=response.global_loss_tokens,
-        assignment=consumer_assignment_from_proto(response.assignment),
+        assignment=part,
     )
 
 

@@ -28,7 +28,8 @@ from datetime import timedelta
 
 from knittrans.client.admission import AdmissionClient, ReportOutcome
 from knittrans.errors import Conflict, InvalidArgument, KnitTransError
-from knittrans.types import TrajectoryId, TrajectoryMeta, UnitReservation
+from knittrans.reservations import UnitReservation
+from knittrans.types import TrajectoryId, TrajectoryMeta
 
 logger = logging.getLogger(__name__)
 

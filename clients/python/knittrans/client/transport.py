@@ -3,25 +3,26 @@
 :class:`~knittrans.client.aio.AsyncAdmissionClient` builds each request and reads each response; a transport
 only sends, under the client's one :class:`~knittrans.retry.RetryPolicy`. The blocking transport's coroutines
 never suspend, so the sync :class:`~knittrans.client.admission.AdmissionClient` runs the async client's own
-coroutines to completion in the caller's thread (:func:`run_to_completion`), with no event loop and no thread
-hop: a report costs what a plain sync gRPC call costs.
+coroutines to completion in the caller's thread (:func:`~knittrans.blocking.run_to_completion`), with no event
+loop and no thread hop: a report costs what a plain sync gRPC call costs.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar, cast
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
 
 import grpc
 
+from knittrans.blocking import run_to_completion
 from knittrans.client.connection import ConnectionSettings, open_aio_channel, open_channel
 from knittrans.retry import RetryPolicy, retry_call, retry_call_async
 from knittrans.v1 import admission_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
+__all__ = ["AioTransport", "BlockingTransport", "Transport", "run_to_completion"]
 
 
 class Transport(Protocol):
@@ -106,13 +107,3 @@ class BlockingTransport(_Retrying):
 
     async def close(self) -> None:
         self._channel.close()
-
-
-def run_to_completion(awaitable: Awaitable[T]) -> T:
-    """The result of an awaitable that never suspends (one built on :class:`BlockingTransport`)."""
-    step: Callable[[None], Any] = awaitable.__await__().send
-    try:
-        step(None)
-    except StopIteration as done:
-        return cast(T, done.value)
-    raise RuntimeError("a blocking admission call suspended: it needs an event loop")

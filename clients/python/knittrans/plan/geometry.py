@@ -64,6 +64,17 @@ def cp_read_spans(chunk_spans: Sequence[Sequence[int]], num_tokens: int, look_ah
     return merge_spans([(int(s), min(int(e) + extra, num_tokens)) for s, e in chunk_spans if e > s])
 
 
+def clip_to_chunks(chunk_spans: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Placeholder ranges ``[starts, ends)`` (one per reference) cut by the real tokens of zigzag chunks
+    (``chunk_spans[reference, ..., start|end]``, any chunk axes): ``(starts, ends)`` of shape ``chunk_spans[..., 0]``,
+    where ``ends > starts`` marks the chunks that hold placeholder positions of the reference. The planner's route
+    and a CP rank's encoding uses are both cut here."""
+    extra = (1,) * (chunk_spans.ndim - 2)
+    clipped_starts = np.maximum(chunk_spans[..., 0], starts.reshape(-1, *extra))
+    clipped_ends = np.minimum(chunk_spans[..., 1], ends.reshape(-1, *extra))
+    return clipped_starts, clipped_ends
+
+
 def segment_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Sum of ``values`` over each CSR segment, exact for integers and correct for empty segments."""
     totals = np.concatenate([np.zeros(1, dtype=values.dtype), np.cumsum(values)])

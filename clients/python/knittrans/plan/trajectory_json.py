@@ -5,6 +5,7 @@ strict reader the plan's JSON form shares. Unknown keys and wrong types raise
 
 from __future__ import annotations
 
+import base64
 import builtins
 import dataclasses
 import math
@@ -29,6 +30,7 @@ from knittrans.types import (
     UnitRef,
     VersionSegment,
 )
+from knittrans.values import NO_VALUES, MetadataKind, MetadataValue, TrajectoryValues
 
 
 class Fields:
@@ -164,7 +166,54 @@ def trajectory_to_json_dict(meta: TrajectoryMeta) -> dict[str, Any]:
         for m in meta.multimodal
     ]
     data["scalars"] = dict(meta.scalars)
+    if meta.values:
+        data["values"] = _values_to_json_dict(meta.values)
+    else:
+        del data["values"]
     return data
+
+
+def _values_to_json_dict(values: TrajectoryValues) -> dict[str, Any]:
+    """Integer and boolean scalars as JSON numbers and booleans; metadata as ``{"kind", "value"}`` with bytes in
+    base64, so that every value reads back with its kind."""
+    return {
+        "int_scalars": dict(values.int_scalars),
+        "bool_scalars": dict(values.bool_scalars),
+        "metadata": {
+            name: {"kind": item.kind.value,
+                   "value": base64.b64encode(item.value).decode() if isinstance(item.value, bytes) else item.value}
+            for name, item in values.metadata
+        },
+    }
+
+
+def _values_from_json_dict(data: Any, path: str) -> TrajectoryValues:
+    v = Fields(data, path, ("int_scalars", "bool_scalars", "metadata"))
+    columns: dict[str, list[tuple[str, Any]]] = {}
+    for column in ("int_scalars", "bool_scalars", "metadata"):
+        raw = v.raw(column, {})
+        if not isinstance(raw, Mapping):
+            raise InvalidArgument("expected an object", field=v.field(column))
+        columns[column] = [(str(name), value) for name, value in raw.items()]
+    metadata = []
+    for name, raw in columns["metadata"]:
+        m = Fields(raw, f"{v.field('metadata')}.{name}", ("kind", "value"))
+        kind_text, text = m.str("kind"), m.str("value")
+        try:
+            kind = MetadataKind(kind_text)
+        except ValueError:
+            raise InvalidArgument(f"unknown metadata kind {kind_text!r}", field=m.field("kind")) from None
+        if kind is MetadataKind.BYTES:
+            try:
+                value: str | bytes = base64.b64decode(text, validate=True)
+            except ValueError:
+                raise InvalidArgument("expected base64", field=m.field("value")) from None
+        else:
+            value = text
+        metadata.append((name, within(m.path, partial(MetadataValue, kind=kind, value=value))))
+    return within(path, lambda: TrajectoryValues(int_scalars=tuple(columns["int_scalars"]),
+                                                 bool_scalars=tuple(columns["bool_scalars"]),
+                                                 metadata=tuple(metadata)))
 
 
 # The keys are TrajectoryMeta's fields, in its order. Its plain fields (one str, int, bool or float each) are read
@@ -254,6 +303,7 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
     for field, reader in _PLAIN_FIELDS:
         if field.name not in read:
             read[field.name] = _read_plain(f, field, reader, read)
+    values = _values_from_json_dict(f.raw("values"), f.field("values")) if f.has("values") else NO_VALUES
     return within(
         path,
         lambda: TrajectoryMeta(
@@ -262,6 +312,7 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
             units=tuple(units),
             multimodal=tuple(multimodal),
             scalars=tuple(scalars),
+            values=values,
         ),
     )
 

@@ -9,6 +9,7 @@ layout it reads is :mod:`knittrans.packed`, shared with the sidecar's packer.
 """
 
 from knittrans.packed.tensors import PackedEncodingUse, TensorSpec
+from knittrans.steps import StepId
 from knittrans.trainer.client import (
     DeliveryMode,
     MicroBatch,
@@ -19,6 +20,7 @@ from knittrans.trainer.client import (
     TrainerStats,
 )
 from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.metadata import NonTensorBatch
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 
 __all__ = [
@@ -28,8 +30,10 @@ __all__ = [
     "MicroBatchDescriptor",
     "MiniBatch",
     "MiniBatchContext",
+    "NonTensorBatch",
     "PackedEncodingUse",
     "ProgressReporter",
+    "StepId",
     "TensorSpec",
     "TrainerClient",
     "TrainerSettings",

@@ -8,11 +8,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchFailed
+from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchFailed, MiniBatchRestarted
 from knittrans.packed.layout import item_offsets, packed_encoding_uses
 from knittrans.packed.tensors import PackedEncodingUse
 from knittrans.plan import ConsumerAssignment, EncodingAssignment, Plan
+from knittrans.steps import StepId
 from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.metadata import NonTensorBatch
 from knittrans.types import ConsumerId
 
 
@@ -43,6 +45,10 @@ class MicroBatch:
     def tensors(self) -> dict[str, Any]:
         return self._staged.tensors
 
+    @property
+    def staged(self) -> Staged:
+        return self._staged
+
     def __getitem__(self, name: str) -> Any:
         try:
             return self._staged.tensors[name]
@@ -71,6 +77,13 @@ class MicroBatch:
     @property
     def trajectory_ids(self) -> tuple[str, ...]:
         return self.descriptor.trajectory_ids
+
+    @property
+    def metadata(self) -> NonTensorBatch:
+        """The items' metadata, one column per name aligned with :attr:`trajectory_ids` (verl's
+        ``non_tensor_batch``; see :mod:`knittrans.trainer.metadata`)."""
+        descriptor = self.descriptor
+        return NonTensorBatch.of(descriptor.trajectory_ids, descriptor.item_metadata)
 
     @property
     def encodings(self) -> tuple[PackedEncodingUse, ...]:
@@ -107,7 +120,7 @@ class MiniBatchContext:
 class MiniBatchFeed:
     """What a :class:`MiniBatch` may ask of the client that yields it; the client hands in its own methods."""
 
-    take_next_of: Callable[[int], Staged]  # the next staged micro-batch, which must be of this sequence
+    take_next_of: Callable[[int], Staged]  # the next micro-batch of this sequence; raises MiniBatchRestarted
     ready_for_use: Callable[[Staged], None]  # wait until its tensors may be read on the training stream
     release: Callable[[Staged], None]  # free its slot in the sidecar's ring (once; again is a no-op)
     complete: Callable[[MiniBatch], None]  # report the mini-batch's optimizer step (once)
@@ -126,6 +139,7 @@ class MiniBatch:
         self._current: Staged | None = None
         self._last_seen: MicroBatchDescriptor | None = None
         self.completed = False
+        self.restarted = False  # a TP rank restarted mid-way: it comes again; never step on this one
         self._context: MiniBatchContext | None = None
 
     # ---- indices -----------------------------------------------------------------------------------------
@@ -154,6 +168,13 @@ class MiniBatch:
     @property
     def train_version(self) -> int:
         return self.descriptor.train_version
+
+    @property
+    def step(self) -> StepId:
+        """The optimizer step this mini-batch makes: a restored checkpoint names the last one it applied."""
+        d = self.descriptor
+        return StepId(train_batch_index=d.train_batch_index, minibatch_index=d.minibatch_index,
+                      train_version=d.train_version)
 
     @property
     def num_microbatches(self) -> int:
@@ -251,12 +272,20 @@ class MiniBatch:
                 self._current = None
                 if staged.descriptor.last_in_minibatch:
                     break
-                staged = self._feed.take_next_of(self.sequence)
+                staged = self._take_next()
             self._done = True
         finally:
             if self._current is not None:  # the loop left early: the views die with the iterator
                 self._feed.release(self._current)
                 self._current = None
+
+    def _take_next(self) -> Staged:
+        try:
+            return self._feed.take_next_of(self.sequence)
+        except MiniBatchRestarted as error:
+            error.train_batch_index, error.minibatch_index = self.train_batch_index, self.minibatch_index
+            self.restarted = self._done = True
+            raise
 
     def drain(self) -> None:
         """Consume (and release) what the training loop did not iterate, so the next mini-batch lines up.
@@ -271,7 +300,7 @@ class MiniBatch:
             try:
                 for _ in self:
                     pass
-            except MiniBatchFailed:  # nobody looked at it; the next mini-batch is what matters now
+            except (MiniBatchFailed, MiniBatchRestarted):  # nobody looked at it; what comes next matters now
                 pass
             return
         if self._current is not None:  # the iterator is suspended on it (the loop stopped without closing it)
@@ -279,7 +308,10 @@ class MiniBatch:
             self._current = None
         last = self._last_seen.last_in_minibatch if self._last_seen is not None else False
         while not last:
-            staged = self._feed.take_next_of(self.sequence)
+            try:
+                staged = self._take_next()
+            except MiniBatchRestarted:
+                return
             self._feed.release(staged)
             last = staged.descriptor.last_in_minibatch
         self._done = True

@@ -6,10 +6,14 @@
                                            tp_rank=tp_rank, global_rank=rank,
                                            admission=ConnectionSettings(target="admission:50051")))
     for mini in client.mini_batches():
-        for micro in mini:
-            loss = model(micro["input_ids"], position_ids=micro["position_ids"], ...)
-            (loss_sum(loss, micro["labels"], micro["loss_mask"]) / mini.global_loss_tokens).backward()
-        optimizer.step()
+        try:
+            for micro in mini:
+                loss = model(micro["input_ids"], position_ids=micro["position_ids"], ...)
+                (loss_sum(loss, micro["labels"], micro["loss_mask"]) / mini.global_loss_tokens).backward()
+        except MiniBatchRestarted:  # a TP rank restarted mid-way: the mini-batch comes again, whole
+            optimizer.zero_grad()
+            continue
+        optimizer.step()  # mini.step (a StepId) names this step in checkpoints
 
 ``labels`` is the next token (−100 where there is none) and every per-target field, ``loss_mask`` included, is
 label-aligned: the sidecar shifted those the rollout submitted token-aligned (``FieldAlignment``). So the logits
@@ -39,21 +43,33 @@ micro-batches of the mini-batch were yielded; those must not be stepped on. Eith
 catch the error, skip the optimizer step and go on with ``mini_batches()``: the client still reports the
 mini-batch done to the admission service (its units are released once every consumer is past it, and the
 version advances after the last mini-batch of a train batch). The admission service's status lists the failure.
+
+The mini-batch is the unit of delivery (DESIGN.md §9). A rank whose process restarts gets the mini-batch it
+was in again from micro-batch 0, never the rest of it; its consumer's other TP ranks, if still running, get
+:class:`~knittrans.errors.MiniBatchRestarted` from the micro-batch iterator of that mini-batch and then the
+mini-batch again, whole (docs/failures.md). A restarted mini-batch is not reported done. ``mini.step`` (a
+:class:`~knittrans.steps.StepId`) names the step for checkpoints; a process restored from a checkpoint passes
+its step (``TrainerClient(settings, restored_step=step)``) and gets the mini-batches after it again, when the
+admission service retains them (``retain_until_checkpoint``; global rank 0 reports checkpoints with
+``AdmissionClient.report_checkpoint``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
 
 from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_channel
-from knittrans.errors import FailedPrecondition
+from knittrans.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MiniBatchRestarted, Unavailable
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
+from knittrans.retry import retry_call
+from knittrans.steps import StepId
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext, MiniBatchFeed, Staged
-from knittrans.trainer.prefetch import Prefetcher
+from knittrans.trainer.prefetch import SIDECAR_RETRY, Prefetcher
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
 from knittrans.v1 import reorg_service_pb2 as pb
@@ -77,7 +93,13 @@ logger = logging.getLogger(__name__)
 class TrainerClient:
     """A training rank's client of its reorg sidecar (see the module docstring)."""
 
-    def __init__(self, settings: TrainerSettings, *, progress: ProgressReporter | None = None) -> None:
+    def __init__(self, settings: TrainerSettings, *, progress: ProgressReporter | None = None,
+                 restored_step: StepId | None = None) -> None:
+        """``restored_step``: this process restored a checkpoint holding every step up to this one (its
+        ``mini.step``); the sidecar delivers the mini-batches after it again, the same ones in the same order."""
+        if restored_step is not None and not isinstance(restored_step, StepId):
+            raise InvalidArgument("must be a StepId (the checkpoint's last mini.step)", field="restored_step")
+        self._restored_step = restored_step
         self._settings = settings
         self._channel = open_channel(ConnectionSettings(target=settings.target))
         self._stub = reorg_service_pb2_grpc.ReorgServiceStub(self._channel)
@@ -105,7 +127,8 @@ class TrainerClient:
         from knittrans.trainer.staging import Stager  # imports torch
 
         self._stager = Stager(self._settings.device, materialise=self._eager, prefetch=self._settings.prefetch)
-        self._prefetcher = prefetcher = Prefetcher(self._settings, self._stub, self._stager, self.stats)
+        self._prefetcher = prefetcher = Prefetcher(self._settings, self._stub, self._stager, self.stats,
+                                                   restored_step=self._restored_step)
         self._feed = MiniBatchFeed(
             take_next_of=prefetcher.take_next_of, ready_for_use=self._ready_for_use, release=prefetcher.release,
             complete=self._complete, context=self.minibatch_context,
@@ -126,16 +149,22 @@ class TrainerClient:
             if self._eager:
                 rest = []
                 last = first
-                while not last.descriptor.last_in_minibatch:
-                    last = prefetcher.take_next_of(first.descriptor.sequence)
-                    first.waited += last.waited
-                    last.waited = 0.0
-                    rest.append(last)
+                try:
+                    while not last.descriptor.last_in_minibatch:
+                        last = prefetcher.take_next_of(first.descriptor.sequence)
+                        first.waited += last.waited
+                        last.waited = 0.0
+                        rest.append(last)
+                except MiniBatchRestarted:  # nothing of it was yielded: take it again from its start
+                    continue
                 self.stats.waits.append(first.waited)
             mini = MiniBatch(feed, first, rest)
             yield mini
             mini.drain()
+            if mini.restarted:
+                continue
             self._complete(mini)
+            prefetcher.completed_through = max(prefetcher.completed_through, mini.sequence)
             self.stats.mini_batches += 1
 
     def status(self, *, timeout: float = 5.0) -> pb.GetReorgStatusResponse:
@@ -144,7 +173,14 @@ class TrainerClient:
         return response
 
     def minibatch_context(self, sequence: int, *, timeout: float = 10.0) -> MiniBatchContext:
-        response = self._call(self._stub.GetMiniBatch, pb.GetMiniBatchRequest(sequence=sequence), timeout)
+        """The mini-batch's context from the sidecar; retried like the micro-batch stream while the sidecar (or
+        the admission service it asks for the admitted trajectory ids) is restarting, for sidecar_timeout_seconds."""
+        request = pb.GetMiniBatchRequest(sequence=sequence)
+        response = retry_call(
+            lambda: self._call(self._stub.GetMiniBatch, request, timeout),
+            policy=replace(SIDECAR_RETRY, deadline=self._settings.sidecar_timeout_seconds),
+            retryable=lambda error: isinstance(error, (Unavailable, DeadlineExceeded)),
+        )
         return MiniBatchContext(
             sequence=response.sequence,
             global_loss_tokens=response.global_loss_tokens,
@@ -152,6 +188,12 @@ class TrainerClient:
             plan=plan_from_proto(response.plan) if response.HasField("plan") else None,
             admitted_trajectory_ids=tuple(response.admission.trajectory_ids),
         )
+
+    def ready_on_this_thread(self, micro: MicroBatch) -> None:
+        """Make this thread's current CUDA stream wait for the micro-batch's staged copy (a no-op on CPU). The
+        iterator does it on the thread that iterates; code that uses the tensors on another thread (the asyncio
+        client, :class:`~knittrans.aio.AsyncTrainerClient`) calls this there."""
+        self._ready_for_use(micro.staged)
 
     def close(self) -> None:
         if self._prefetcher is not None:
@@ -180,7 +222,7 @@ class TrainerClient:
         self._stager.ready(staged.tensors, staged.event)
 
     def _complete(self, mini: MiniBatch) -> None:
-        if mini.completed:
+        if mini.completed or mini.restarted:
             return
         mini.completed = True
         if self._progress is None:

@@ -19,8 +19,10 @@ from knittrans.plan.proto import encoding_assignment_from_proto
 from knittrans.types import UnitKey
 from knittrans.v1 import plan_pb2
 from knittrans.v1 import reorg_service_pb2 as pb
+from knittrans.values import MetadataValue, TrajectoryValues
 from knittrans.wire import within
 from knittrans.wire.enums import DTYPE_FROM_PROTO, DTYPE_TO_PROTO
+from knittrans.wire.values import values_from_proto, values_to_proto
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,9 +73,15 @@ class MicroBatchDescriptor:
     published_at: float = 0.0  # wall clock: the micro-batch was published
     # Set when the sidecar could not read or pack this micro-batch: no tensors, and the last of its mini-batch.
     failure: MiniBatchFailure | None = None
+    # Backbone: per packed item, its trajectory's metadata (name, value), sorted by name; empty when none has any.
+    item_metadata: tuple[tuple[tuple[str, MetadataValue], ...], ...] = ()
+    # Bumped each time the sidecar restarted delivery because a TP rank restarted mid-mini-batch: what a rank
+    # holds of an older round was withdrawn, and its current mini-batch comes again from micro-batch 0.
+    delivery_round: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("tensors", "trajectory_ids", "trajectory_indices", "encodings", "encoder_input_messages"):
+        for name in ("tensors", "trajectory_ids", "trajectory_indices", "encodings", "encoder_input_messages",
+                     "item_metadata"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.ticket < 1:
             raise InvalidArgument("must be at least 1", field="ticket")
@@ -90,6 +98,8 @@ class MicroBatchDescriptor:
                 raise InvalidArgument("tensors overlap", field="tensors")
         if spans and spans[-1][1] > self.used_bytes:
             raise InvalidArgument("a tensor ends past used_bytes", field="used_bytes")
+        if len(self.item_metadata) not in (0, len(self.trajectory_ids)):
+            raise InvalidArgument("needs one entry per trajectory id", field="item_metadata")
         if len(self.trajectory_indices) not in (0, len(self.trajectory_ids)):
             raise InvalidArgument("needs one index per trajectory id", field="trajectory_indices")
         if self.failure is not None and (self.tensors or not self.last_in_minibatch):
@@ -155,8 +165,10 @@ class MicroBatchDescriptor:
             tp=self.tp,
             assigned_at=self.assigned_at,
             published_at=self.published_at,
+            delivery_round=self.delivery_round,
             failure=None if self.failure is None else pb.MiniBatchFailure(
                 trajectory_id=self.failure.trajectory_id, unit_key=self.failure.unit_key, reason=self.failure.reason),
+            item_metadata=[values_to_proto(TrajectoryValues(metadata=item)) for item in self.item_metadata],
         )
 
     @staticmethod
@@ -212,7 +224,10 @@ class MicroBatchDescriptor:
             encoder_input_messages=tuple(message.encoder_inputs),
             assigned_at=message.assigned_at,
             published_at=message.published_at,
+            delivery_round=message.delivery_round,
             failure=within("failure", lambda: MiniBatchFailure(
                 trajectory_id=message.failure.trajectory_id, unit_key=message.failure.unit_key,
                 reason=message.failure.reason)) if message.HasField("failure") else None,
+            item_metadata=tuple(within(f"item_metadata[{k}]", partial(values_from_proto, m)).metadata
+                                for k, m in enumerate(message.item_metadata)),
         )

@@ -4,6 +4,11 @@ The prefetch thread long-polls the sidecar (``NextMicroBatch``) and stages what 
 training loop, at most ``prefetch`` micro-batches deep; the training loop takes them in order. The release
 thread frees consumed slots, so that an RPC costs the training loop nothing. A sidecar that restarts publishes
 again what this rank may already have taken: that is released and skipped, by (sequence, micro-batch index).
+
+A new *delivery round* of the sidecar (another TP rank of the consumer restarted mid-mini-batch) withdrew what
+this rank had staged of the old round: it is released, and a :class:`RoundRestart` marker goes to the training
+loop. A mini-batch the loop is in the middle of then raises :class:`~knittrans.errors.MiniBatchRestarted`; the
+sidecar delivers it again from micro-batch 0. A mini-batch the loop finished is not taken again.
 """
 
 from __future__ import annotations
@@ -12,14 +17,23 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import replace
+import uuid
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
 
-from knittrans.client.connection import error_from_rpc
-from knittrans.errors import DeadlineExceeded, FailedPrecondition, KnitTransError, MiniBatchFailed, Unavailable
+from knittrans.client.connection import RETRYABLE_CODES, error_from_rpc
+from knittrans.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    KnitTransError,
+    MiniBatchFailed,
+    MiniBatchRestarted,
+    Unavailable,
+)
 from knittrans.retry import Backoff, RetryPolicy
+from knittrans.steps import StepId
 from knittrans.trainer.batches import Staged
 from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
@@ -28,13 +42,20 @@ from knittrans.v1 import reorg_service_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-# A sidecar that stops cancels the calls in flight (CANCELLED): like UNAVAILABLE, the sidecar is gone for now, and
-# it is an error only once it has not answered for sidecar_timeout_seconds. (Our own cancellations end the fetch
-# loop before this is consulted.)
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-_SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
+# The SDK's retry rules (RETRYABLE_CODES): a sidecar that stops cancels the calls in flight (CANCELLED): like
+# UNAVAILABLE, the sidecar is gone for now, and it is an error only once it has not answered for
+# sidecar_timeout_seconds. (Our own cancellations end the fetch loop before this is consulted.)
+SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 _END = object()
+
+
+@dataclass(frozen=True)
+class RoundRestart:
+    """The sidecar started delivery round ``round`` at ``sequence``: what came before this marker is withdrawn."""
+
+    round: int
+    sequence: int
 
 
 def failure_error(descriptor: MicroBatchDescriptor) -> MiniBatchFailed:
@@ -58,7 +79,7 @@ class Prefetcher:
     copies them out of the slot, which is then released at once."""
 
     def __init__(self, settings: TrainerSettings, stub: reorg_service_pb2_grpc.ReorgServiceStub, stager: Any,
-                 stats: TrainerStats) -> None:
+                 stats: TrainerStats, *, restored_step: StepId | None = None) -> None:
         self._settings = settings
         self._stub = stub
         self._stager = stager
@@ -70,6 +91,11 @@ class Prefetcher:
         self._stop = threading.Event()
         self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
         self._in_flight: Any = None  # the pending long poll, cancelled by stop()
+        # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
+        self.session = uuid.uuid4().hex
+        self.completed_through = 0  # the training loop finished every mini-batch up to this sequence
+        self._restored = None if restored_step is None else pb.RestoredStep(
+            train_batch_index=restored_step.train_batch_index, minibatch_index=restored_step.minibatch_index)
         tp_rank = settings.tp_rank
         self._fetcher = threading.Thread(target=self._fetch_loop, name=f"knittrans-prefetch-tp{tp_rank}", daemon=True)
         self._releaser = threading.Thread(target=self._release_loop, name=f"knittrans-release-tp{tp_rank}",
@@ -90,8 +116,18 @@ class Prefetcher:
     # ---- the training loop's side ------------------------------------------------------------------------
 
     def take(self) -> Staged | None:
-        """The next staged micro-batch; None once the sidecar's stream ended. Raises what stopped the prefetch
-        thread."""
+        """The first micro-batch of the next mini-batch; None once the sidecar's stream ended. Raises what
+        stopped the prefetch thread."""
+        while True:
+            item = self._take_item()
+            if isinstance(item, RoundRestart):
+                continue  # between mini-batches: nothing of the loop's was withdrawn
+            if item is not None and item.descriptor.sequence <= self.completed_through:
+                self.release(item)  # a new round delivers again what this rank already finished
+                continue
+            return item
+
+    def _take_item(self) -> Staged | RoundRestart | None:
         # The wait that counts is for a micro-batch that was not staged yet; taking one that was is not waiting
         # for data (even if this thread then waits a moment for the GIL).
         ready = not self._queue.empty()
@@ -107,6 +143,8 @@ class Prefetcher:
             return None
         if isinstance(item, BaseException):
             raise item
+        if isinstance(item, RoundRestart):
+            return item
         assert isinstance(item, Staged)
         waited = 0.0 if ready else time.perf_counter() - started
         item.waited = waited
@@ -118,7 +156,13 @@ class Prefetcher:
         return item
 
     def take_next_of(self, sequence: int) -> Staged:
-        staged = self.take()
+        """The next micro-batch of mini-batch ``sequence``; raises MiniBatchRestarted if it was restarted."""
+        staged = self._take_item()
+        if isinstance(staged, RoundRestart):
+            raise MiniBatchRestarted(
+                f"mini-batch {sequence} was restarted (delivery round {staged.round}): a TP rank of this consumer "
+                "restarted in the middle of it; drop its partial gradient, it comes again from micro-batch 0",
+                sequence=sequence)
         if staged is None or staged.descriptor.sequence != sequence:
             raise FailedPrecondition(
                 f"mini-batch {sequence} ended early: the sidecar "
@@ -154,12 +198,16 @@ class Prefetcher:
     def _fetch(self) -> None:
         settings = self._settings
         incarnation = ""
+        delivery_round = 0
         after = 0
         last_key: tuple[int, int] = (0, -1)
-        unreachable = Backoff(replace(_SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
+        unreachable = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
         idle_since = time.monotonic()
         while not self._stop.is_set():
-            request = pb.NextMicroBatchRequest(tp_rank=settings.tp_rank, after_ticket=after, incarnation=incarnation)
+            request = pb.NextMicroBatchRequest(tp_rank=settings.tp_rank, after_ticket=after, incarnation=incarnation,
+                                               session=self.session)
+            if self._restored is not None and not incarnation:  # until the restored delivery has begun
+                request.restored_step.CopyFrom(self._restored)
             try:
                 self._in_flight = self._stub.NextMicroBatch.future(request, timeout=settings.poll_seconds)
                 if self._stop.is_set():
@@ -170,7 +218,7 @@ class Prefetcher:
             except grpc.RpcError as error:
                 if self._stop.is_set():
                     return
-                if error.code() not in _RETRYABLE:
+                if error.code() not in RETRYABLE_CODES:
                     raise error_from_rpc(error) from None
                 delay = unreachable.next_delay()
                 if delay is None:
@@ -181,6 +229,12 @@ class Prefetcher:
                 time.sleep(delay)
                 continue
             unreachable.reset()
+            if incarnation and response.incarnation == incarnation and response.delivery_round > delivery_round:
+                # Withdrawn before any descriptor of the new round could be published: give back the slots now.
+                delivery_round = response.delivery_round
+                last_key = (0, -1)
+                if not self._new_round(delivery_round, response):
+                    return
             if response.HasField("descriptor"):
                 descriptor = MicroBatchDescriptor.from_proto(response.descriptor)
                 if descriptor.incarnation != incarnation:
@@ -189,6 +243,12 @@ class Prefetcher:
                                        settings.target, descriptor.incarnation)
                         self._stats.restarts_seen += 1
                     incarnation = descriptor.incarnation
+                    delivery_round = descriptor.delivery_round
+                elif descriptor.delivery_round > delivery_round:
+                    delivery_round = descriptor.delivery_round
+                    last_key = (0, -1)  # the loop skips what it finished; the rest comes again from its start
+                    if not self._new_round(delivery_round, response):
+                        return
                 after = descriptor.ticket
                 if descriptor.key <= last_key:
                     self._stats.skipped_after_restart += 1
@@ -223,6 +283,29 @@ class Prefetcher:
             elif settings.wait_timeout_seconds and time.monotonic() - idle_since > settings.wait_timeout_seconds:
                 raise DeadlineExceeded(f"no micro-batch from {settings.target} for "
                                        f"{settings.wait_timeout_seconds:.1f}s", field="sidecar")
+
+    def _new_round(self, delivery_round: int, response: pb.NextMicroBatchResponse) -> bool:
+        logger.warning("reorg sidecar %s started delivery round %d: a TP rank of the consumer restarted in the "
+                       "middle of a mini-batch; it comes again from micro-batch 0", self._settings.target,
+                       delivery_round)
+        sequence = response.descriptor.sequence if response.HasField("descriptor") else 0
+        put = self._withdraw_staged(RoundRestart(round=delivery_round, sequence=sequence))
+        self._stats.minibatch_restarts += 1  # after the marker is queued: a loop that waits for it finds it
+        return put
+
+    def _withdraw_staged(self, marker: RoundRestart) -> bool:
+        """Release what is staged of the old round (the loop has not taken it) and queue ``marker``."""
+        kept: list[object] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Staged):
+                self.release(item)
+            else:
+                kept.append(item)
+        return all(self._put(item) for item in [*kept, marker])
 
     # ---- the release thread ------------------------------------------------------------------------------
 

@@ -61,4 +61,5 @@ class TrainerStats:
     waited_seconds: float = 0.0  # exposed wait of the training loop, summed
     skipped_after_restart: int = 0  # re-published micro-batches skipped after a sidecar restart
     restarts_seen: int = 0
+    minibatch_restarts: int = 0  # delivery rounds: a TP rank of the consumer restarted mid-mini-batch
     waits: list[float] = field(default_factory=list)  # per micro-batch (per mini-batch in eager mode)

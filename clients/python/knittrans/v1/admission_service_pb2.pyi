@@ -99,34 +99,40 @@ class RegisterConsumerRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ...) -> None: ...
 
 class RegisterConsumerResponse(_message.Message):
-    __slots__ = ("topology", "acknowledged_sequence", "job")
+    __slots__ = ("topology", "acknowledged_sequence", "job", "num_minibatches")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
+    NUM_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
     topology: _topology_pb2.Topology
     acknowledged_sequence: int
     job: str
-    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
+    num_minibatches: int
+    def __init__(self, topology: _Optional[_Union[_topology_pb2.Topology, _Mapping]] = ..., acknowledged_sequence: _Optional[int] = ..., job: _Optional[str] = ..., num_minibatches: _Optional[int] = ...) -> None: ...
 
 class WatchAssignmentsRequest(_message.Message):
-    __slots__ = ("consumer", "after_sequence")
+    __slots__ = ("consumer", "after_sequence", "include_trajectory_ids")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
     consumer: _topology_pb2.ConsumerId
     after_sequence: int
-    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+    include_trajectory_ids: bool
+    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., after_sequence: _Optional[int] = ..., include_trajectory_ids: _Optional[bool] = ...) -> None: ...
 
 class WatchAssignmentsResponse(_message.Message):
-    __slots__ = ("sequence", "admission", "global_loss_tokens", "assignment")
+    __slots__ = ("sequence", "admission", "global_loss_tokens", "assignment", "rank_assignment")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    RANK_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     admission: _admission_pb2.MiniBatchAdmission
     global_loss_tokens: int
     assignment: _plan_pb2.ConsumerAssignment
-    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., assignment: _Optional[_Union[_plan_pb2.ConsumerAssignment, _Mapping]] = ...) -> None: ...
+    rank_assignment: _plan_pb2.RankAssignment
+    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., global_loss_tokens: _Optional[int] = ..., assignment: _Optional[_Union[_plan_pb2.ConsumerAssignment, _Mapping]] = ..., rank_assignment: _Optional[_Union[_plan_pb2.RankAssignment, _Mapping]] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("request_id", "consumer", "sequence", "stage")
@@ -145,6 +151,26 @@ class ReportProgressResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ReportCheckpointRequest(_message.Message):
+    __slots__ = ("request_id", "train_batch_index", "minibatch_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    train_batch_index: int
+    minibatch_index: int
+    def __init__(self, request_id: _Optional[str] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
+
+class ReportCheckpointResponse(_message.Message):
+    __slots__ = ("released_minibatches", "checkpoint_train_batch_index", "checkpoint_minibatch_index")
+    RELEASED_MINIBATCHES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    released_minibatches: int
+    checkpoint_train_batch_index: int
+    checkpoint_minibatch_index: int
+    def __init__(self, released_minibatches: _Optional[int] = ..., checkpoint_train_batch_index: _Optional[int] = ..., checkpoint_minibatch_index: _Optional[int] = ...) -> None: ...
 
 class AdvanceVersionRequest(_message.Message):
     __slots__ = ("request_id", "train_batch_index", "new_version")
@@ -267,22 +293,26 @@ class WaitMiniBatchVerdictResponse(_message.Message):
     def __init__(self, verdict: _Optional[_Union[MiniBatchVerdict, str]] = ..., failure: _Optional[_Union[ConsumerFailure, _Mapping]] = ..., waiting_for: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ...) -> None: ...
 
 class UnitReservation(_message.Message):
-    __slots__ = ("trajectory_id", "sample_id", "multimodal_keys")
+    __slots__ = ("trajectory_id", "sample_id", "multimodal_keys", "unit_keys")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     MULTIMODAL_KEYS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_KEYS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     sample_id: str
     multimodal_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., multimodal_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    unit_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., unit_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReserveUnitsRequest(_message.Message):
-    __slots__ = ("request_id", "reservations")
+    __slots__ = ("request_id", "reservations", "expires_at")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     reservations: _containers.RepeatedCompositeFieldContainer[UnitReservation]
-    def __init__(self, request_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[UnitReservation, _Mapping]]] = ...) -> None: ...
+    expires_at: float
+    def __init__(self, request_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[UnitReservation, _Mapping]]] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class ReserveUnitsResponse(_message.Message):
     __slots__ = ("reserved",)

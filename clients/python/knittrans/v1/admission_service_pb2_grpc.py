@@ -91,6 +91,11 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.FromString,
                 _registered_method=True)
+        self.ReportCheckpoint = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/ReportCheckpoint',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -159,10 +164,11 @@ class AdmissionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReserveUnits(self, request, context):
-        """Reserves the multimodal units that trajectories are about to reference, before their rollout writes
+        """Reserves the units that trajectories are about to reference, before their rollout writes
         them (or finds them already stored by a sibling and skips the write). A reserved unit counts as
         referenced until the trajectory is reported (the report takes the reservation over) or the reservation
-        is cancelled, so no release can delete a shared unit between a sibling's write and its report. If a
+        is cancelled or expires (unreported_unit_ttl_seconds after it was made: its units are then deleted), so no
+        release can delete a shared unit between a sibling's write and its report. If a
         reserved unit is being deleted right now, the call returns once the deletion is done, so the write that
         follows stores it again. Idempotent by trajectory id; a reservation of a trajectory that was already
         reported changes nothing.
@@ -195,6 +201,18 @@ class AdmissionServiceServicer:
         as a consumer reported one (ReportConsumerFailure) before that. A verdict never changes once given. Every
         sidecar waits for it before publishing the mini-batch, so either every trainer rank computes on the whole
         mini-batch or every one gets the failure. PENDING when the timeout passed first: call again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportCheckpoint(self, request, context):
+        """The trainer's global rank 0 reports a checkpoint that holds every optimizer step up to and including
+        the named one. With `retain_until_checkpoint`, a mini-batch's units are released only once every consumer
+        reported its optimizer step and a checkpoint covers it, so that a job restored from the checkpoint gets
+        the mini-batches after it again (WatchAssignments from their sequence). Journaled; idempotent and
+        monotonic: a checkpoint at or before the latest one changes nothing. A step not admitted yet is
+        FAILED_PRECONDITION naming `train_batch_index`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -257,6 +275,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.WaitMiniBatchVerdict,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.SerializeToString,
+            ),
+            'ReportCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoint,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -558,6 +581,33 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/WaitMiniBatchVerdict',
             knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.WaitMiniBatchVerdictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/ReportCheckpoint',
+            knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -172,6 +172,46 @@ class ConsumerAssignment(_message.Message):
     encoder_microbatches: _containers.RepeatedCompositeFieldContainer[EncoderMicroBatchAssignment]
     def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., minibatch_loss_tokens: _Optional[int] = ..., cp: _Optional[int] = ..., microbatches: _Optional[_Iterable[_Union[MicroBatchAssignment, _Mapping]]] = ..., encoder_microbatches: _Optional[_Iterable[_Union[EncoderMicroBatchAssignment, _Mapping]]] = ...) -> None: ...
 
+class RankAssignment(_message.Message):
+    __slots__ = ("consumer", "minibatch_loss_tokens", "cp", "label_fields", "microbatches")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CP_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    consumer: _topology_pb2.ConsumerId
+    minibatch_loss_tokens: int
+    cp: int
+    label_fields: _containers.RepeatedScalarFieldContainer[str]
+    microbatches: _containers.RepeatedCompositeFieldContainer[RankMicroBatch]
+    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., minibatch_loss_tokens: _Optional[int] = ..., cp: _Optional[int] = ..., label_fields: _Optional[_Iterable[str]] = ..., microbatches: _Optional[_Iterable[_Union[RankMicroBatch, _Mapping]]] = ...) -> None: ...
+
+class RankMicroBatch(_message.Message):
+    __slots__ = ("index", "last", "num_loss_tokens", "items")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    last: bool
+    num_loss_tokens: int
+    items: _containers.RepeatedCompositeFieldContainer[RankItem]
+    def __init__(self, index: _Optional[int] = ..., last: _Optional[bool] = ..., num_loss_tokens: _Optional[int] = ..., items: _Optional[_Iterable[_Union[RankItem, _Mapping]]] = ...) -> None: ...
+
+class RankItem(_message.Message):
+    __slots__ = ("trajectory_index", "trajectory", "padded_tokens", "first_reference", "reference_encodings")
+    TRAJECTORY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    PADDED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    trajectory_index: int
+    trajectory: _trajectory_pb2.TrajectoryMetadata
+    padded_tokens: int
+    first_reference: int
+    reference_encodings: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, trajectory_index: _Optional[int] = ..., trajectory: _Optional[_Union[_trajectory_pb2.TrajectoryMetadata, _Mapping]] = ..., padded_tokens: _Optional[int] = ..., first_reference: _Optional[int] = ..., reference_encodings: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class MicroBatchAssignment(_message.Message):
     __slots__ = ("index", "last", "num_loss_tokens", "items")
     INDEX_FIELD_NUMBER: _ClassVar[int]

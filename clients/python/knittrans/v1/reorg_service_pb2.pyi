@@ -42,7 +42,7 @@ class PackedEncodingUse(_message.Message):
     def __init__(self, encoding_id: _Optional[int] = ..., key: _Optional[str] = ..., packed_start: _Optional[int] = ..., packed_end: _Optional[int] = ..., row_start: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., reference: _Optional[int] = ...) -> None: ...
 
 class MicroBatchDescriptor(_message.Message):
-    __slots__ = ("ticket", "sequence", "train_batch_index", "minibatch_index", "num_minibatches", "train_version", "microbatch_index", "num_microbatches", "last_in_minibatch", "minibatch_loss_tokens", "microbatch_loss_tokens", "segment", "slot", "tensors", "encodings", "encoder_inputs", "trajectory_ids", "role", "dp_rank", "cp_rank", "cp", "incarnation", "used_bytes", "trajectory_indices", "tp", "assigned_at", "published_at", "failure")
+    __slots__ = ("ticket", "sequence", "train_batch_index", "minibatch_index", "num_minibatches", "train_version", "microbatch_index", "num_microbatches", "last_in_minibatch", "minibatch_loss_tokens", "microbatch_loss_tokens", "segment", "slot", "tensors", "encodings", "encoder_inputs", "trajectory_ids", "role", "dp_rank", "cp_rank", "cp", "incarnation", "used_bytes", "trajectory_indices", "tp", "assigned_at", "published_at", "failure", "item_metadata", "delivery_round")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,8 @@ class MicroBatchDescriptor(_message.Message):
     ASSIGNED_AT_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_METADATA_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ROUND_FIELD_NUMBER: _ClassVar[int]
     ticket: int
     sequence: int
     train_batch_index: int
@@ -99,7 +101,9 @@ class MicroBatchDescriptor(_message.Message):
     assigned_at: float
     published_at: float
     failure: MiniBatchFailure
-    def __init__(self, ticket: _Optional[int] = ..., sequence: _Optional[int] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., train_version: _Optional[int] = ..., microbatch_index: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., last_in_minibatch: _Optional[bool] = ..., minibatch_loss_tokens: _Optional[int] = ..., microbatch_loss_tokens: _Optional[int] = ..., segment: _Optional[str] = ..., slot: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorDescriptor, _Mapping]]] = ..., encodings: _Optional[_Iterable[_Union[PackedEncodingUse, _Mapping]]] = ..., encoder_inputs: _Optional[_Iterable[_Union[_plan_pb2.EncodingAssignment, _Mapping]]] = ..., trajectory_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., cp: _Optional[int] = ..., incarnation: _Optional[str] = ..., used_bytes: _Optional[int] = ..., trajectory_indices: _Optional[_Iterable[int]] = ..., tp: _Optional[int] = ..., assigned_at: _Optional[float] = ..., published_at: _Optional[float] = ..., failure: _Optional[_Union[MiniBatchFailure, _Mapping]] = ...) -> None: ...
+    item_metadata: _containers.RepeatedCompositeFieldContainer[_trajectory_pb2.TrajectoryValues]
+    delivery_round: int
+    def __init__(self, ticket: _Optional[int] = ..., sequence: _Optional[int] = ..., train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., num_minibatches: _Optional[int] = ..., train_version: _Optional[int] = ..., microbatch_index: _Optional[int] = ..., num_microbatches: _Optional[int] = ..., last_in_minibatch: _Optional[bool] = ..., minibatch_loss_tokens: _Optional[int] = ..., microbatch_loss_tokens: _Optional[int] = ..., segment: _Optional[str] = ..., slot: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorDescriptor, _Mapping]]] = ..., encodings: _Optional[_Iterable[_Union[PackedEncodingUse, _Mapping]]] = ..., encoder_inputs: _Optional[_Iterable[_Union[_plan_pb2.EncodingAssignment, _Mapping]]] = ..., trajectory_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., cp: _Optional[int] = ..., incarnation: _Optional[str] = ..., used_bytes: _Optional[int] = ..., trajectory_indices: _Optional[_Iterable[int]] = ..., tp: _Optional[int] = ..., assigned_at: _Optional[float] = ..., published_at: _Optional[float] = ..., failure: _Optional[_Union[MiniBatchFailure, _Mapping]] = ..., item_metadata: _Optional[_Iterable[_Union[_trajectory_pb2.TrajectoryValues, _Mapping]]] = ..., delivery_round: _Optional[int] = ...) -> None: ...
 
 class MiniBatchFailure(_message.Message):
     __slots__ = ("trajectory_id", "unit_key", "reason")
@@ -112,32 +116,52 @@ class MiniBatchFailure(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., unit_key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NextMicroBatchRequest(_message.Message):
-    __slots__ = ("tp_rank", "after_ticket", "incarnation")
+    __slots__ = ("tp_rank", "after_ticket", "incarnation", "session", "restored_step")
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     AFTER_TICKET_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_STEP_FIELD_NUMBER: _ClassVar[int]
     tp_rank: int
     after_ticket: int
     incarnation: str
-    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    session: str
+    restored_step: RestoredStep
+    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ..., restored_step: _Optional[_Union[RestoredStep, _Mapping]] = ...) -> None: ...
+
+class RestoredStep(_message.Message):
+    __slots__ = ("train_batch_index", "minibatch_index")
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    train_batch_index: int
+    minibatch_index: int
+    def __init__(self, train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
 
 class NextMicroBatchResponse(_message.Message):
-    __slots__ = ("descriptor", "end_of_stream")
+    __slots__ = ("descriptor", "end_of_stream", "incarnation", "delivery_round")
     DESCRIPTOR_FIELD_NUMBER: _ClassVar[int]
     END_OF_STREAM_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ROUND_FIELD_NUMBER: _ClassVar[int]
     descriptor: MicroBatchDescriptor
     end_of_stream: bool
-    def __init__(self, descriptor: _Optional[_Union[MicroBatchDescriptor, _Mapping]] = ..., end_of_stream: _Optional[bool] = ...) -> None: ...
+    incarnation: str
+    delivery_round: int
+    def __init__(self, descriptor: _Optional[_Union[MicroBatchDescriptor, _Mapping]] = ..., end_of_stream: _Optional[bool] = ..., incarnation: _Optional[str] = ..., delivery_round: _Optional[int] = ...) -> None: ...
 
 class StreamMicroBatchesRequest(_message.Message):
-    __slots__ = ("tp_rank", "after_ticket", "incarnation")
+    __slots__ = ("tp_rank", "after_ticket", "incarnation", "session", "restored_step")
     TP_RANK_FIELD_NUMBER: _ClassVar[int]
     AFTER_TICKET_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_STEP_FIELD_NUMBER: _ClassVar[int]
     tp_rank: int
     after_ticket: int
     incarnation: str
-    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    session: str
+    restored_step: RestoredStep
+    def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ..., restored_step: _Optional[_Union[RestoredStep, _Mapping]] = ...) -> None: ...
 
 class StreamMicroBatchesResponse(_message.Message):
     __slots__ = ("descriptor",)
@@ -190,7 +214,7 @@ class GetReorgStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReorgStatusResponse(_message.Message):
-    __slots__ = ("role", "dp_rank", "cp_rank", "tp", "slots", "slots_occupied", "published", "bytes_read", "bytes_needed", "job", "incarnation", "read_calls", "acknowledged_sequence", "drained")
+    __slots__ = ("role", "dp_rank", "cp_rank", "tp", "slots", "slots_occupied", "published", "bytes_read", "bytes_needed", "job", "incarnation", "read_calls", "acknowledged_sequence", "drained", "delivery_round")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     CP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +229,7 @@ class GetReorgStatusResponse(_message.Message):
     READ_CALLS_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ROUND_FIELD_NUMBER: _ClassVar[int]
     role: str
     dp_rank: int
     cp_rank: int
@@ -219,4 +244,5 @@ class GetReorgStatusResponse(_message.Message):
     read_calls: int
     acknowledged_sequence: int
     drained: bool
-    def __init__(self, role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., tp: _Optional[int] = ..., slots: _Optional[int] = ..., slots_occupied: _Optional[int] = ..., published: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_needed: _Optional[int] = ..., job: _Optional[str] = ..., incarnation: _Optional[str] = ..., read_calls: _Optional[int] = ..., acknowledged_sequence: _Optional[int] = ..., drained: _Optional[bool] = ...) -> None: ...
+    delivery_round: int
+    def __init__(self, role: _Optional[str] = ..., dp_rank: _Optional[int] = ..., cp_rank: _Optional[int] = ..., tp: _Optional[int] = ..., slots: _Optional[int] = ..., slots_occupied: _Optional[int] = ..., published: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_needed: _Optional[int] = ..., job: _Optional[str] = ..., incarnation: _Optional[str] = ..., read_calls: _Optional[int] = ..., acknowledged_sequence: _Optional[int] = ..., drained: _Optional[bool] = ..., delivery_round: _Optional[int] = ...) -> None: ...

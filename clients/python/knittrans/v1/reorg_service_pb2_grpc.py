@@ -73,7 +73,9 @@ class ReorgServiceServicer:
     def NextMicroBatch(self, request, context):
         """Returns the first micro-batch published after `after_ticket` that the sidecar still holds, waiting
         until one is published or the call's deadline is near. An answer without a descriptor and without
-        `end_of_stream` means "nothing yet, ask again".
+        `end_of_stream` means "nothing yet, ask again". A TP rank that calls from a new `session` restarted: when
+        its consumer was in the middle of a mini-batch, the sidecar delivers that mini-batch again from
+        micro-batch 0 to every TP rank (a new `delivery_round`), never the rest of it alone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -120,8 +120,49 @@ class VersionSegment(_message.Message):
     num_tokens: int
     def __init__(self, version: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
+class MetadataValue(_message.Message):
+    __slots__ = ("text", "data", "json")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    data: bytes
+    json: str
+    def __init__(self, text: _Optional[str] = ..., data: _Optional[bytes] = ..., json: _Optional[str] = ...) -> None: ...
+
+class TrajectoryValues(_message.Message):
+    __slots__ = ("int_scalars", "bool_scalars", "metadata")
+    class IntScalarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class BoolScalarsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bool
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bool] = ...) -> None: ...
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MetadataValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetadataValue, _Mapping]] = ...) -> None: ...
+    INT_SCALARS_FIELD_NUMBER: _ClassVar[int]
+    BOOL_SCALARS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    int_scalars: _containers.ScalarMap[str, int]
+    bool_scalars: _containers.ScalarMap[str, bool]
+    metadata: _containers.MessageMap[str, MetadataValue]
+    def __init__(self, int_scalars: _Optional[_Mapping[str, int]] = ..., bool_scalars: _Optional[_Mapping[str, bool]] = ..., metadata: _Optional[_Mapping[str, MetadataValue]] = ...) -> None: ...
+
 class TrajectoryMetadata(_message.Message):
-    __slots__ = ("trajectory_id", "sample_id", "source", "rollout_step", "num_tokens", "num_loss_tokens", "segments", "units", "multimodal", "accepted", "scalars", "finished_at")
+    __slots__ = ("trajectory_id", "sample_id", "source", "rollout_step", "num_tokens", "num_loss_tokens", "segments", "units", "multimodal", "accepted", "scalars", "finished_at", "values")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +182,7 @@ class TrajectoryMetadata(_message.Message):
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     SCALARS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     sample_id: str
     source: str
@@ -153,7 +195,8 @@ class TrajectoryMetadata(_message.Message):
     accepted: bool
     scalars: _containers.ScalarMap[str, float]
     finished_at: float
-    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., source: _Optional[str] = ..., rollout_step: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_loss_tokens: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., units: _Optional[_Iterable[_Union[UnitRef, _Mapping]]] = ..., multimodal: _Optional[_Iterable[_Union[MultimodalRef, _Mapping]]] = ..., accepted: _Optional[bool] = ..., scalars: _Optional[_Mapping[str, float]] = ..., finished_at: _Optional[float] = ...) -> None: ...
+    values: TrajectoryValues
+    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., source: _Optional[str] = ..., rollout_step: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_loss_tokens: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., units: _Optional[_Iterable[_Union[UnitRef, _Mapping]]] = ..., multimodal: _Optional[_Iterable[_Union[MultimodalRef, _Mapping]]] = ..., accepted: _Optional[bool] = ..., scalars: _Optional[_Mapping[str, float]] = ..., finished_at: _Optional[float] = ..., values: _Optional[_Union[TrajectoryValues, _Mapping]] = ...) -> None: ...
 
 class UnitHeaderColumns(_message.Message):
     __slots__ = ("dtypes", "ranks", "shape", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes", "chunk_tokens")
@@ -176,7 +219,7 @@ class UnitHeaderColumns(_message.Message):
     def __init__(self, dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., ranks: _Optional[_Iterable[int]] = ..., shape: _Optional[_Iterable[int]] = ..., has_seq_axis: _Optional[_Iterable[bool]] = ..., seq_axes: _Optional[_Iterable[int]] = ..., byte_lengths: _Optional[_Iterable[int]] = ..., content_hashes: _Optional[_Iterable[str]] = ..., chunk_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
-    __slots__ = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_counts", "segment_versions", "segment_tokens", "unit_counts", "unit_keys", "unit_fields", "unit_kinds", "unit_headers", "multimodal_counts", "multimodal_keys", "multimodal_encoders", "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds", "multimodal_has_header", "multimodal_headers", "scalar_counts", "scalar_names", "scalar_values", "field_names", "encoders", "unit_alignments")
+    __slots__ = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_counts", "segment_versions", "segment_tokens", "unit_counts", "unit_keys", "unit_fields", "unit_kinds", "unit_headers", "multimodal_counts", "multimodal_keys", "multimodal_encoders", "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds", "multimodal_has_header", "multimodal_headers", "scalar_counts", "scalar_names", "scalar_values", "field_names", "encoders", "unit_alignments", "values")
     TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +251,7 @@ class TrajectoryBatch(_message.Message):
     FIELD_NAMES_FIELD_NUMBER: _ClassVar[int]
     ENCODERS_FIELD_NUMBER: _ClassVar[int]
     UNIT_ALIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
     sample_ids: _containers.RepeatedScalarFieldContainer[str]
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -239,4 +283,5 @@ class TrajectoryBatch(_message.Message):
     field_names: _containers.RepeatedScalarFieldContainer[str]
     encoders: _containers.RepeatedScalarFieldContainer[str]
     unit_alignments: _containers.RepeatedScalarFieldContainer[FieldAlignment]
-    def __init__(self, trajectory_ids: _Optional[_Iterable[str]] = ..., sample_ids: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., rollout_steps: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., num_loss_tokens: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., finished_at: _Optional[_Iterable[float]] = ..., segment_counts: _Optional[_Iterable[int]] = ..., segment_versions: _Optional[_Iterable[int]] = ..., segment_tokens: _Optional[_Iterable[int]] = ..., unit_counts: _Optional[_Iterable[int]] = ..., unit_keys: _Optional[_Iterable[str]] = ..., unit_fields: _Optional[_Iterable[int]] = ..., unit_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., unit_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., multimodal_counts: _Optional[_Iterable[int]] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., multimodal_encoders: _Optional[_Iterable[int]] = ..., multimodal_costs: _Optional[_Iterable[float]] = ..., placeholder_starts: _Optional[_Iterable[int]] = ..., placeholder_ends: _Optional[_Iterable[int]] = ..., multimodal_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., multimodal_has_header: _Optional[_Iterable[bool]] = ..., multimodal_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., scalar_counts: _Optional[_Iterable[int]] = ..., scalar_names: _Optional[_Iterable[str]] = ..., scalar_values: _Optional[_Iterable[float]] = ..., field_names: _Optional[_Iterable[str]] = ..., encoders: _Optional[_Iterable[str]] = ..., unit_alignments: _Optional[_Iterable[_Union[FieldAlignment, str]]] = ...) -> None: ...
+    values: _containers.RepeatedCompositeFieldContainer[TrajectoryValues]
+    def __init__(self, trajectory_ids: _Optional[_Iterable[str]] = ..., sample_ids: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., rollout_steps: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., num_loss_tokens: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., finished_at: _Optional[_Iterable[float]] = ..., segment_counts: _Optional[_Iterable[int]] = ..., segment_versions: _Optional[_Iterable[int]] = ..., segment_tokens: _Optional[_Iterable[int]] = ..., unit_counts: _Optional[_Iterable[int]] = ..., unit_keys: _Optional[_Iterable[str]] = ..., unit_fields: _Optional[_Iterable[int]] = ..., unit_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., unit_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., multimodal_counts: _Optional[_Iterable[int]] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., multimodal_encoders: _Optional[_Iterable[int]] = ..., multimodal_costs: _Optional[_Iterable[float]] = ..., placeholder_starts: _Optional[_Iterable[int]] = ..., placeholder_ends: _Optional[_Iterable[int]] = ..., multimodal_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., multimodal_has_header: _Optional[_Iterable[bool]] = ..., multimodal_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., scalar_counts: _Optional[_Iterable[int]] = ..., scalar_names: _Optional[_Iterable[str]] = ..., scalar_values: _Optional[_Iterable[float]] = ..., field_names: _Optional[_Iterable[str]] = ..., encoders: _Optional[_Iterable[str]] = ..., unit_alignments: _Optional[_Iterable[_Union[FieldAlignment, str]]] = ..., values: _Optional[_Iterable[_Union[TrajectoryValues, _Mapping]]] = ...) -> None: ...

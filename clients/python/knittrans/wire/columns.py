@@ -28,6 +28,7 @@ from knittrans.types import TrajectoryMeta
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire.enums import ALIGNMENT_TO_PROTO, DTYPE_TO_PROTO, UNIT_KIND_TO_PROTO
 from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, read_plain_fields
+from knittrans.wire.values import has_values, values_to_proto
 
 _HEADER_COLUMNS = ("dtypes", "ranks", "shape", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes",
                    "chunk_tokens")
@@ -101,6 +102,8 @@ class ColumnLists:
         self.scalar_counts: list[int] = []
         self.scalar_names: list[str] = []
         self.scalar_values: list[float] = []
+        # Per trajectory: its TrajectoryValues message, None where it has none.
+        self.values: list[trajectory_pb2.TrajectoryValues | None] = []
 
     def add_messages(self, messages: Iterable[trajectory_pb2.TrajectoryMetadata]) -> None:
         self._extend(messages, from_message=True)
@@ -174,6 +177,16 @@ class ColumnLists:
             for name, value in scalars:
                 scalar_names(name)
                 scalar_values(value)
+            if from_message:
+                self.values.append(t.values if has_values(t) else None)
+            else:
+                self.values.append(values_to_proto(t.values) if t.values else None)
+
+    def values_column(self) -> list[trajectory_pb2.TrajectoryValues]:
+        """``TrajectoryBatch.values``: one per trajectory, or none when no trajectory has any."""
+        if not any(v is not None for v in self.values):
+            return []
+        return [trajectory_pb2.TrajectoryValues() if v is None else v for v in self.values]
 
     def plain_columns(self) -> dict[str, list[Any]]:
         """The :data:`TRAJECTORY_COLUMNS` values, by column name."""
@@ -189,7 +202,7 @@ class ColumnLists:
             j = missing - sum(self.unit_counts[:i])
             raise InvalidArgument("is required", field=f"trajectories[{i}].units[{j}].header")
         fields: dict[str, Any] = {name: value for name, value in vars(self).items()
-                                  if name not in ("unit_has_header", "plain_rows")}
+                                  if name not in ("unit_has_header", "plain_rows", "values")}
         fields.update(self.plain_columns())
         fields["field_names"] = list(self.field_names)
         fields["encoders"] = list(self.encoders)
@@ -197,6 +210,7 @@ class ColumnLists:
             fields["unit_alignments"] = []
         fields["unit_headers"] = self.unit_headers.to_proto()
         fields["multimodal_headers"] = self.multimodal_headers.to_proto()
+        fields["values"] = self.values_column()
         return trajectory_pb2.TrajectoryBatch(**fields)
 
 

@@ -33,6 +33,7 @@ from knittrans.wire.enums import (
     UNIT_KIND_FROM_PROTO,
     UNIT_KIND_TO_PROTO,
 )
+from knittrans.wire.values import trajectory_values, trusted_values, values_to_proto
 
 T = TypeVar("T")
 M = TypeVar("M")
@@ -176,13 +177,16 @@ def _segment_from_proto(message: trajectory_pb2.VersionSegment) -> VersionSegmen
 
 
 def trajectory_to_proto(meta: TrajectoryMeta) -> trajectory_pb2.TrajectoryMetadata:
-    return trajectory_pb2.TrajectoryMetadata(
+    message = trajectory_pb2.TrajectoryMetadata(
         **plain_fields(meta),
         segments=[trajectory_pb2.VersionSegment(version=s.version, num_tokens=s.num_tokens) for s in meta.segments],
         units=[unit_ref_to_proto(u) for u in meta.units],
         multimodal=[multimodal_to_proto(m) for m in meta.multimodal],
         scalars=dict(meta.scalars),
     )
+    if meta.values:  # left unset when empty, so that both forms of a report serialise alike
+        message.values.CopyFrom(values_to_proto(meta.values))
+    return message
 
 
 def trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) -> TrajectoryMeta:
@@ -192,6 +196,7 @@ def trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) -> Traject
         units=_each("units", message.units, unit_ref_from_proto),
         multimodal=_each("multimodal", message.multimodal, multimodal_from_proto),
         scalars=tuple(sorted(message.scalars.items())),
+        values=trajectory_values(message),
     )
 
 
@@ -231,4 +236,5 @@ def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) ->
         units=units,
         multimodal=multimodal,
         scalars=tuple(sorted((str(k), float(v)) for k, v in message.scalars.items())),
+        values=trusted_values(message),
     )

@@ -32,6 +32,9 @@ class ManagedProcess:
     log_path: Path
     must_outlive_run: bool  # a service: its exit is a failure; a worker may finish
     _log_file: object = field(default=None, repr=False)
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    restarts: int = 0
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -53,6 +56,9 @@ class ProcessGroup:
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: list[ManagedProcess] = []
+        # Given (the chaos run), it is asked first about a process that died when it must not have; True: it took
+        # care of it (restarted it), so that is no failure.
+        self.supervisor: Callable[[ManagedProcess], bool] | None = None
 
     def start(
         self,
@@ -69,7 +75,7 @@ class ProcessGroup:
             start_new_session=True,
         )
         managed = ManagedProcess(name=name, process=process, log_path=log_path, must_outlive_run=service,
-                                 _log_file=log_file)
+                                 _log_file=log_file, argv=tuple(argv), env=env)
         self.processes.append(managed)
         logger.debug("started %s (pid %d)", name, process.pid)
         return managed
@@ -91,6 +97,8 @@ class ProcessGroup:
             if code is None:
                 continue
             if managed.must_outlive_run or code != 0:
+                if self.supervisor is not None and self.supervisor(managed):
+                    continue
                 raise ProcessFailed(self._describe(managed, f"exited with status {code}"))
 
     def wait_all(self, names: Callable[[ManagedProcess], bool], *, poll: Callable[[], None] | None = None) -> None:
@@ -107,6 +115,18 @@ class ProcessGroup:
         for managed in selected:
             if managed.process.returncode != 0:
                 raise ProcessFailed(self._describe(managed, f"exited with status {managed.process.returncode}"))
+
+    def restart(self, managed: ManagedProcess) -> None:
+        """Start a process that ended again, as it was started; its log continues."""
+        if managed._log_file is not None:
+            managed._log_file.close()
+        managed._log_file = log_file = open(managed.log_path, "ab")
+        managed.process = subprocess.Popen(
+            list(managed.argv), stdout=log_file, stderr=subprocess.STDOUT,
+            env=dict(managed.env) if managed.env is not None else None, start_new_session=True,
+        )
+        managed.restarts += 1
+        logger.info("restarted %s (pid %d)", managed.name, managed.process.pid)
 
     def stop_all(self) -> None:
         """SIGTERM everything (newest first), then SIGKILL what is left after the grace period."""

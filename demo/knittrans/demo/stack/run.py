@@ -103,6 +103,7 @@ class DemoStack:
         self.store_url = ""
         self.mooncake_master = None  # the master, where the driver can count its keys (multi-node layout)
         self.admission_address = ""
+        self.admission_port = 0  # 0: any; the chaos run fixes it, so that a restarted service keeps its address
         self.metrics_urls: list[str] = []
         self.sidecar_metrics: list[str] = []
         self.started_at = time.time()
@@ -188,7 +189,7 @@ class DemoStack:
                 "encoders": [{"name": ENCODER, "dp": settings.encoder_dp,
                               "max_cost_per_microbatch": ENCODER_COST_PER_MICROBATCH}],
             },
-            "server": {"port": 0, "metrics": {"port": 0}},
+            "server": {"port": self.admission_port, "metrics": {"port": 0}},
         }
         path = self.out / "admission.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -249,6 +250,7 @@ class DemoStack:
                 for d in range(settings.encoder_dp)
             ],
             "out": str(self.out),
+            "chaos": settings.chaos.enabled,
         }
         path = self.out / "run.json"
         path.write_text(json.dumps(run, indent=2))
@@ -266,7 +268,9 @@ class DemoStack:
                 "--group-size", str(settings.group_size), "--seed", str(settings.seed),
                 "--concurrency", str(settings.rollout_concurrency), "--time-scale", str(settings.time_scale),
                 "--train-batch-size", str(settings.train_batch_size),
-                "--manifest", str(self.out / f"manifest-{worker}.json")]), service=False)
+                "--manifest", str(self.out / f"manifest-{worker}.json"),
+                *(["--acked-log", str(self.out / f"acked-{worker}.jsonl")] if settings.chaos.enabled else [])]),
+                service=False)
 
     # -- watching ----------------------------------------------------------------------------------------
 
@@ -289,7 +293,8 @@ class DemoStack:
         """Record every admitted mini-batch as it is admitted (released ones are forgotten by the service)."""
         channel = open_channel(ConnectionSettings(target=self.admission_address))
         stub = admission_service_pb2_grpc.AdmissionServiceStub(channel)
-        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(ConsumerId(role="backbone", dp_rank=0)))
+        request = pb.WatchAssignmentsRequest(consumer=consumer_to_proto(ConsumerId(role="backbone", dp_rank=0)),
+                                             include_trajectory_ids=True)
         self._admission_stream = stub.WatchAssignments(request)
 
         def record() -> None:

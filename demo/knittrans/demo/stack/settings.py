@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from knittrans.admission.engine import AdmissionPolicy
+from knittrans.demo.chaos.schedule import ChaosSettings
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
 
@@ -49,6 +50,8 @@ class DemoSettings:
     timeout_seconds: float = 600.0
     # 1: everything on this machine; 3: the three-node layout in network namespaces (root; a mooncake store)
     nodes: int = 1
+    # A seed: the chaos run (knittrans.demo.chaos), on Redis state and a Mooncake store
+    chaos: ChaosSettings = field(default_factory=ChaosSettings)
 
     def __post_init__(self) -> None:
         if self.job:
@@ -73,6 +76,10 @@ class DemoSettings:
         if self.nodes > 1 and self.store is not StoreKind.MOONCAKE:
             raise InvalidArgument("a file store is private to its node; several nodes share a mooncake store",
                                   field="store")
+        if self.chaos.enabled and (self.nodes > 1 or self.state is not StateKind.REDIS
+                                   or self.store is not StoreKind.MOONCAKE):
+            raise InvalidArgument("the chaos run is on one machine, with redis state and a mooncake store",
+                                  field="chaos")
 
     @property
     def world_size(self) -> int:

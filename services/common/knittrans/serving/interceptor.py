@@ -83,6 +83,17 @@ def _decoder(deserializer: Callable[[bytes], Any] | None, method: str) -> Callab
     return decode
 
 
+def _encoder(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """The handler's serializer, passing ``bytes`` through: a response serialised once can go to many streams."""
+    if serializer is None:
+        return None
+
+    def encode(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else serializer(response)
+
+    return encode
+
+
 async def _decoded_stream(requests: AsyncIterator[bytes], decode: Callable[[bytes], Any]) -> AsyncIterator[Any]:
     async for raw in requests:
         yield decode(raw)
@@ -176,4 +187,4 @@ def _wrap(
     factory = (
         grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_stream_rpc_method_handler
     )
-    return factory(stream_response, None, handler.response_serializer)
+    return factory(stream_response, None, _encoder(handler.response_serializer))

@@ -27,13 +27,12 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Protocol
 
-import grpc
 from grpc import aio
 
 from knittrans.client.aio import AsyncAdmissionClient
-from knittrans.client.connection import ConnectionSettings, error_from_rpc
+from knittrans.client.connection import RETRYABLE_CODES, ConnectionSettings, error_from_rpc
 from knittrans.client.model import ConsumerFailure, ProgressStage, Registration, VerdictState
-from knittrans.errors import InvalidArgument, KnitTransError, Unavailable
+from knittrans.errors import InvalidArgument, KnitTransError, NotFound, Unavailable
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
 from knittrans.plan.proto import (
     assignment_from_proto,
@@ -41,6 +40,7 @@ from knittrans.plan.proto import (
     encoding_assignment_to_proto,
     plan_from_proto,
 )
+from knittrans.plan.rank_proto import check_rank_message, consumer_assignment_from_rank_proto, cp_microbatch_from_proto
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import ConsumerId, Topology
@@ -49,8 +49,6 @@ from knittrans.wire import within
 
 logger = logging.getLogger(__name__)
 
-_RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                              grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +90,10 @@ class Admission:
 class AssignmentEvent:
     """One admitted mini-batch as this consumer sees it.
 
-    The consumer's part arrives either decoded (``assignment``) or as its protobuf (``message``); a message is
-    decoded one micro-batch at a time (:meth:`unit`), so the first micro-batch can be read and packed before
-    the rest of a large assignment is decoded.
+    The consumer's part arrives decoded (``decoded``), as its protobuf (``message``), or, for a backbone consumer
+    of the admission service, as its DP rank's part (``rank``, the same for every CP rank). A message is decoded
+    one micro-batch at a time (:meth:`unit`; from ``rank``, straight into this CP rank's cut), so the first
+    micro-batch can be read and packed before the rest of a large assignment is decoded.
     """
 
     sequence: int
@@ -105,12 +104,16 @@ class AssignmentEvent:
     received_at: float = 0.0  # wall clock: when the assignment reached this sidecar (before decoding it)
     decoded: ConsumerAssignment | None = None
     message: plan_pb2.ConsumerAssignment | None = None
+    rank: plan_pb2.RankAssignment | None = None
 
     def __post_init__(self) -> None:
         if self.sequence < 1:
             raise InvalidArgument("must be at least 1", field="sequence")
-        if (self.decoded is None) == (self.message is None):
-            raise InvalidArgument("needs the assignment decoded or as a message, not both", field="assignment")
+        if sum(form is not None for form in (self.decoded, self.message, self.rank)) != 1:
+            raise InvalidArgument("needs the assignment in exactly one form: decoded, message or rank",
+                                  field="assignment")
+        if self.rank is not None:
+            check_rank_message(self.rank, self.consumer)
 
     @property
     def encoder(self) -> bool:
@@ -121,12 +124,16 @@ class AssignmentEvent:
         """Micro-batches (encoder micro-batches for an encoder consumer) in consumption order."""
         if self.decoded is not None:
             return len(self.decoded.encoder_microbatches if self.encoder else self.decoded.microbatches)
+        if self.rank is not None:
+            return len(self.rank.microbatches)
         assert self.message is not None
         return len(self.message.encoder_microbatches if self.encoder else self.message.microbatches)
 
     def unit(self, index: int) -> MicroBatchAssignment | EncoderMicroBatchAssignment:
         if self.decoded is not None:
             return (self.decoded.encoder_microbatches if self.encoder else self.decoded.microbatches)[index]
+        if self.rank is not None:
+            return cp_microbatch_from_proto(self.rank, index, self.consumer.cp_rank)
         assert self.message is not None
         single = plan_pb2.ConsumerAssignment(consumer=self.message.consumer, cp=self.message.cp,
                                              minibatch_loss_tokens=self.message.minibatch_loss_tokens)
@@ -153,14 +160,15 @@ class AssignmentEvent:
         """The whole part, decoded (once)."""
         if self.decoded is not None:
             return self.decoded
+        if self.rank is not None:
+            return consumer_assignment_from_rank_proto(self.rank, self.consumer)
         assert self.message is not None
         return assignment_from_proto(self.message)
 
     def assignment_proto(self) -> plan_pb2.ConsumerAssignment:
         if self.message is not None:
             return self.message
-        assert self.decoded is not None
-        return assignment_to_proto(self.decoded)
+        return assignment_to_proto(self.assignment)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +208,14 @@ class AssignmentSource(Protocol):
 
     async def wait_verdict(self, sequence: int) -> Verdict: ...
 
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        """Every trajectory id of mini-batch ``sequence`` (assignments leave them out: each names only its own)."""
+        ...
+
+    def restart_after(self, sequence: int) -> None:
+        """The next iteration yields the assignments after ``sequence`` (a restored job's), even delivered ones."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -234,6 +250,7 @@ class PlannedAssignmentSource:
         self.acknowledged = acknowledged_sequence
         self.failures: list[FailureReport] = []
         self.verified: list[int] = []
+        self._after = acknowledged_sequence
 
     async def register(self) -> Registration:
         return Registration(topology=self._topology, acknowledged_sequence=self.acknowledged, job=self._job)
@@ -241,7 +258,7 @@ class PlannedAssignmentSource:
     async def _events(self) -> AsyncIterator[AssignmentEvent]:
         for offset, (admission, plan) in enumerate(self._plans):
             sequence = self._first + offset
-            if sequence <= self.acknowledged:
+            if sequence <= self._after:
                 continue
             received_at = time.time()
             part = plan.for_consumer(self._consumer)
@@ -265,6 +282,13 @@ class PlannedAssignmentSource:
     async def wait_verdict(self, sequence: int) -> Verdict:
         failure = next((r.failure for r in self.failures if r.sequence == sequence), None)
         return Verdict(failure=failure)
+
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        admission, plan = self._plans[sequence - self._first]
+        return admission.trajectory_ids or tuple(t.trajectory_id for t in plan.trajectories)
+
+    def restart_after(self, sequence: int) -> None:
+        self._after = sequence
 
     async def close(self) -> None:
         return None
@@ -295,8 +319,8 @@ class AdmissionAssignmentSource:
                  settings: WatchSettings | None = None) -> None:
         self._consumer = consumer
         self._settings = settings or WatchSettings()
-        self._client = AsyncAdmissionClient(connection, deadline=self._settings.deadline,
-                                            retry=self._settings.retry, retry_codes=_RETRYABLE_CODES)
+        # The SDK's admission client and its retry rules; only the back-off's bounds are the sidecar's.
+        self._client = AsyncAdmissionClient(connection, deadline=self._settings.deadline, retry=self._settings.retry)
         self._received = 0  # the last sequence yielded: resume point after a reconnect
         self._registered = False
 
@@ -341,7 +365,7 @@ class AdmissionAssignmentSource:
                 if not await backoff.sleep_async():
                     raise Unavailable("the admission service keeps closing the assignment stream")
             except aio.AioRpcError as error:
-                if error.code() not in _RETRYABLE_CODES:
+                if error.code() not in RETRYABLE_CODES:
                     raise error_from_rpc(error) from None
                 logger.info("assignment stream broke (%s); reconnecting after sequence %d",
                             error.code().name, self._received)
@@ -349,6 +373,24 @@ class AdmissionAssignmentSource:
                     raise error_from_rpc(error) from None
             finally:
                 await stream.aclose()
+
+    def restart_after(self, sequence: int) -> None:
+        self._received = sequence
+
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        """Asked of the admission service: the first message of a stream from ``sequence``, with the ids."""
+        stream = self._client.watch_assignment_messages(self._consumer, after_sequence=sequence - 1,
+                                                        include_trajectory_ids=True)
+        try:
+            async for response in stream:
+                if response.sequence == sequence:
+                    return tuple(response.admission.trajectory_ids)
+                break
+        except aio.AioRpcError as error:
+            raise error_from_rpc(error) from None
+        finally:
+            await stream.aclose()
+        raise NotFound(f"the admission service has no mini-batch {sequence}", field="sequence")
 
     async def acknowledge(self, sequence: int) -> None:
         await self._client.report_progress(self._consumer, sequence, ProgressStage.DELIVERED,
@@ -405,8 +447,9 @@ def _failure_for_consumers(failure: ConsumerFailure) -> MiniBatchFailure:
 def _event_from_proto(
     response: admission_service_pb2.WatchAssignmentsResponse, received_at: float, consumer: ConsumerId
 ) -> AssignmentEvent:
-    if (response.assignment.consumer.role, response.assignment.consumer.dp_rank,
-            response.assignment.consumer.cp_rank) != (consumer.role, consumer.dp_rank, consumer.cp_rank):
+    rank = response.rank_assignment if response.WhichOneof("part") == "rank_assignment" else None
+    if rank is None and (response.assignment.consumer.role, response.assignment.consumer.dp_rank,
+                         response.assignment.consumer.cp_rank) != (consumer.role, consumer.dp_rank, consumer.cp_rank):
         raise InvalidArgument(f"is not {consumer}'s", field="assignment.consumer")
     plan = None
     # A service that sends the whole plan (for encoding schedules) sets an optional `plan` field.
@@ -417,7 +460,8 @@ def _event_from_proto(
         admission=Admission.from_proto(response.admission),
         global_loss_tokens=response.global_loss_tokens,
         consumer=consumer,
-        message=response.assignment,
+        message=None if rank is not None else response.assignment,
+        rank=rank,
         plan=plan,
         received_at=received_at,
     )

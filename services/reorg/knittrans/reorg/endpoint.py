@@ -55,12 +55,15 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
 
     async def NextMicroBatch(self, request: pb.NextMicroBatchRequest, context: aio.ServicerContext):
         self._check_tp(request.tp_rank)
+        await self._sidecar.trainer_called(request.tp_rank, request.session, _restored(request))
         ring = self._sidecar.ring
         after = self._after(request.after_ticket, request.incarnation)
         descriptor = await ring.next_after(after, request.tp_rank, timeout=self._wait_budget(context))
+        where = {"incarnation": self._sidecar.incarnation, "delivery_round": self._sidecar.delivery_round}
         if descriptor is not None:
-            return pb.NextMicroBatchResponse(descriptor=descriptor.to_proto())
-        return pb.NextMicroBatchResponse(end_of_stream=ring.finished and ring.peek(after, request.tp_rank) is None)
+            return pb.NextMicroBatchResponse(descriptor=descriptor.to_proto(), **where)
+        return pb.NextMicroBatchResponse(end_of_stream=ring.finished and ring.peek(after, request.tp_rank) is None,
+                                         **where)
 
     def _after(self, after_ticket: int, incarnation: str) -> int:
         """Tickets of another incarnation mean nothing here: serve such a caller from the start."""
@@ -70,6 +73,7 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
         self, request: pb.StreamMicroBatchesRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.StreamMicroBatchesResponse]:
         self._check_tp(request.tp_rank)
+        await self._sidecar.trainer_called(request.tp_rank, request.session, _restored(request))
         ring = self._sidecar.ring
         after = self._after(request.after_ticket, request.incarnation)
         while True:
@@ -91,9 +95,12 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
         event = self._sidecar.context(request.sequence)
         if event is None:
             raise NotFound(f"mini-batch {request.sequence} is not retained by this sidecar", field="sequence")
+        admission = event.admission.to_proto()
+        if not admission.trajectory_ids:
+            admission.trajectory_ids.extend(await self._sidecar.admitted_trajectory_ids(event.sequence))
         response = pb.GetMiniBatchResponse(
             sequence=event.sequence,
-            admission=event.admission.to_proto(),
+            admission=admission,
             global_loss_tokens=event.global_loss_tokens,
             assignment=event.assignment_proto(),
         )
@@ -119,7 +126,14 @@ class ReorgServicer(reorg_service_pb2_grpc.ReorgServiceServicer):
             read_calls=counters.read_calls,
             acknowledged_sequence=counters.acknowledged_sequence,
             drained=sidecar.ring.drained,
+            delivery_round=sidecar.delivery_round,
         )
+
+
+def _restored(request: pb.NextMicroBatchRequest | pb.StreamMicroBatchesRequest) -> tuple[int, int] | None:
+    if not request.HasField("restored_step"):
+        return None
+    return (request.restored_step.train_batch_index, request.restored_step.minibatch_index)
 
 
 # --------------------------------------------------------------------------------------------------------------

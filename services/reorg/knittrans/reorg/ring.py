@@ -6,6 +6,11 @@ rank receives every ticket in order and releases it; a slot is free again once a
 A micro-batch larger than its slot's segment gets a new, larger segment (a new name, so a trainer never
 confuses the generations); the old one is unlinked.
 
+When a trainer rank restarts in the middle of a mini-batch, the sidecar *withdraws* what it published from that
+mini-batch on (:meth:`RingCore.withdraw`) and publishes it again. A withdrawn ticket is never handed out again;
+its slot is free once every TP rank that was handed it released it (a rank that asks for tickets after it never
+received it, and a restarted rank's old process holds nothing).
+
 :class:`RingCore` is the bookkeeping alone (no memory, no waiting); :class:`SharedMemoryRing` adds the
 segments and asyncio waiting. Everything runs on the sidecar's event loop; only the bytes of a slot being
 filled are touched from a reader thread.
@@ -37,6 +42,16 @@ class _Published(Generic[D]):
     slot: int
     descriptor: D
     pending: set[int]
+    withdrawn: bool = False
+
+
+@dataclass(frozen=True)
+class Released(Generic[D]):
+    """What a release did: ``descriptor`` is the released micro-batch when it counts (a live ticket this rank
+    had not released yet), ``freed`` whether its slot is free again."""
+
+    descriptor: D | None
+    freed: bool
 
 
 @dataclass
@@ -49,6 +64,7 @@ class RingCore(Generic[D]):
     _filling: set[int] = field(init=False, default_factory=set)
     _published: OrderedDict[int, _Published[D]] = field(init=False, default_factory=OrderedDict)
     _last_ticket: int = field(init=False, default=0)
+    _handed: dict[int, int] = field(init=False, default_factory=dict)  # TP rank -> the last ticket handed to it
 
     def __post_init__(self) -> None:
         for name in ("slots", "tp"):
@@ -86,38 +102,82 @@ class RingCore(Generic[D]):
         self._filling.remove(slot)
         self._free.append(slot)
 
-    def publish(self, slot: int, build: Callable[[int], D]) -> tuple[int, D]:
-        """Publish a filled slot under the next ticket; ``build(ticket)`` makes its descriptor."""
+    def publish(self, slot: int, build: Callable[[int], D], *, skip: frozenset[int] = frozenset()) -> tuple[int, D]:
+        """Publish a filled slot under the next ticket; ``build(ticket)`` makes its descriptor. TP ranks in
+        ``skip`` never get it (they already had all of its mini-batch); at least one rank must."""
         if slot not in self._filling:
             raise FailedPrecondition(f"slot {slot} is not being filled")
+        pending = set(range(self.tp)) - skip
+        if not pending:
+            raise InvalidArgument("every TP rank would skip it", field="skip")
         ticket = self._last_ticket + 1
         descriptor = build(ticket)
         self._filling.remove(slot)
-        self._published[ticket] = _Published(slot=slot, descriptor=descriptor, pending=set(range(self.tp)))
+        self._published[ticket] = _Published(slot=slot, descriptor=descriptor, pending=pending)
         self._last_ticket = ticket
         return ticket, descriptor
 
-    def release(self, ticket: int, tp_rank: int) -> D | None:
-        """One TP rank is done with ``ticket``; returns its descriptor when that freed the slot. Unknown
-        tickets and repeated releases are no-ops."""
+    def release(self, ticket: int, tp_rank: int) -> Released[D]:
+        """One TP rank is done with ``ticket``. Unknown tickets and repeated releases are no-ops; a withdrawn
+        ticket only frees its slot."""
         if not 0 <= tp_rank < self.tp:
             raise InvalidArgument(f"must be in [0, {self.tp})", field="tp_rank")
         entry = self._published.get(ticket)
         if entry is None or tp_rank not in entry.pending:
-            return None
+            return Released(descriptor=None, freed=False)
         entry.pending.discard(tp_rank)
+        counted = None if entry.withdrawn else entry.descriptor
         if entry.pending:
-            return None
+            return Released(descriptor=counted, freed=False)
         del self._published[ticket]
         self._free.append(entry.slot)
-        return entry.descriptor
+        return Released(descriptor=counted, freed=True)
 
     def next_after(self, after_ticket: int, tp_rank: int) -> tuple[int, D] | None:
-        """The first ticket after ``after_ticket`` that ``tp_rank`` has not released, if published."""
+        """The first live ticket after ``after_ticket`` that ``tp_rank`` has not released, if published."""
         for ticket, entry in self._published.items():
-            if ticket > after_ticket and tp_rank in entry.pending:
+            if ticket > after_ticket and tp_rank in entry.pending and not entry.withdrawn:
                 return ticket, entry.descriptor
         return None
+
+    def hand_out(self, ticket: int, tp_rank: int) -> None:
+        """``ticket`` was handed to ``tp_rank``: if it is withdrawn later, the rank still holds it."""
+        self._handed[tp_rank] = max(self._handed.get(tp_rank, 0), ticket)
+
+    def forget_unreceived(self, after_ticket: int, tp_rank: int) -> bool:
+        """``tp_rank`` asks for tickets after ``after_ticket``, so it never received a withdrawn ticket past it
+        (an answer that was lost on the way): it will not release those. Returns whether a slot came free."""
+        freed = False
+        for ticket in [t for t, e in self._published.items() if e.withdrawn and t > after_ticket]:
+            freed |= self._drop(ticket, {tp_rank})
+        if tp_rank in self._handed:
+            self._handed[tp_rank] = min(self._handed[tp_rank], after_ticket)
+        return freed
+
+    def withdraw(self, first: Callable[[D], bool], *, restarted: int) -> int:
+        """Withdraw every published ticket from the first whose descriptor satisfies ``first`` on: none is handed
+        out again. A TP rank still holds one only if it was handed it, and ``restarted`` (a new process) holds
+        none. Returns how many tickets were withdrawn."""
+        start = next((t for t, e in self._published.items() if not e.withdrawn and first(e.descriptor)), None)
+        if start is None:
+            return 0
+        withdrawn = [t for t, e in self._published.items() if t >= start and not e.withdrawn]
+        for ticket in withdrawn:
+            entry = self._published[ticket]
+            entry.withdrawn = True
+            holders = {r for r in entry.pending if r != restarted and self._handed.get(r, 0) >= ticket}
+            self._drop(ticket, entry.pending - holders)
+        self._handed.pop(restarted, None)
+        return len(withdrawn)
+
+    def _drop(self, ticket: int, ranks: set[int]) -> bool:
+        entry = self._published[ticket]
+        entry.pending -= ranks
+        if entry.pending:
+            return False
+        del self._published[ticket]
+        self._free.append(entry.slot)
+        return True
 
 
 @dataclass
@@ -157,6 +217,7 @@ class SharedMemoryRing(Generic[D]):
         self._changed = asyncio.Condition()
         self._finished = False
         self._closed = False
+        self._withdrawals = 0
         removed = remove_segments(prefix)
         if removed:
             logger.warning("removed %d segments a previous sidecar left behind: %s", len(removed), removed[:4])
@@ -243,17 +304,24 @@ class SharedMemoryRing(Generic[D]):
         self._core.abandon(lease.slot)
         await self._notify()
 
-    async def publish(self, lease: SlotLease, build: Callable[[int], D]) -> D:
-        _, descriptor = self._core.publish(lease.slot, build)
+    async def publish(self, lease: SlotLease, build: Callable[[int], D], *,
+                      skip: frozenset[int] = frozenset()) -> D:
+        _, descriptor = self._core.publish(lease.slot, build, skip=skip)
         await self._notify()
         return descriptor
 
-    async def release(self, ticket: int, tp_rank: int) -> D | None:
-        """Returns the descriptor when this release freed its slot."""
-        freed = self._core.release(ticket, tp_rank)
-        if freed is not None:
+    async def release(self, ticket: int, tp_rank: int) -> Released[D]:
+        released = self._core.release(ticket, tp_rank)
+        if released.freed:
             await self._notify()
-        return freed
+        return released
+
+    async def withdraw(self, first: Callable[[D], bool], *, restarted: int) -> int:
+        """See :meth:`RingCore.withdraw`."""
+        count = self._core.withdraw(first, restarted=restarted)
+        self._withdrawals += 1
+        await self._notify()
+        return count
 
     async def finish(self) -> None:
         """The assignment source ended: waiters past the last ticket learn there is nothing more."""
@@ -266,20 +334,28 @@ class SharedMemoryRing(Generic[D]):
         return None if found is None else found[1]
 
     async def next_after(self, after_ticket: int, tp_rank: int, *, timeout: float) -> D | None:
-        """The next descriptor for ``tp_rank``; None on timeout or when the ring finished or closed."""
+        """The next descriptor for ``tp_rank``; None on timeout, after a withdrawal (the caller should learn of it
+        at once) or when the ring finished or closed."""
         if not 0 <= tp_rank < self._core.tp:
             raise InvalidArgument(f"must be in [0, {self._core.tp})", field="tp_rank")
+        withdrawals = self._withdrawals
 
         def ready() -> bool:
-            return self._closed or self._finished or self._core.next_after(after_ticket, tp_rank) is not None
+            return (self._closed or self._finished or self._withdrawals != withdrawals
+                    or self._core.next_after(after_ticket, tp_rank) is not None)
 
+        if self._core.forget_unreceived(after_ticket, tp_rank):
+            await self._notify()
         async with self._changed:
             try:
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout=max(timeout, 0.0))
             except TimeoutError:
                 return None
             found = self._core.next_after(after_ticket, tp_rank)
-        return None if found is None else found[1]
+        if found is None:
+            return None
+        self._core.hand_out(found[0], tp_rank)
+        return found[1]
 
     async def close(self) -> None:
         """Unlink every segment; waiters wake up and get nothing."""

@@ -27,6 +27,10 @@ a restart: it publishes the failure in that micro-batch's place (only its own TP
 earlier micro-batches of the mini-batch), reports it to the assignment source (the admission service journals
 it and shows it in its status), skips the rest of that mini-batch and goes on with the next one. Transient
 store errors are retried first (``read_retry_seconds``).
+
+A trainer rank that restarts in the middle of a mini-batch starts a new delivery round
+(:mod:`knittrans.reorg.rounds`): the mini-batches not yet released by every TP rank are delivered again from
+their first micro-batch, rebuilt from the store (their units are held until their optimizer step is reported).
 """
 
 from __future__ import annotations
@@ -37,18 +41,20 @@ import hashlib
 import logging
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError
+from knittrans.errors import FailedPrecondition, KnitTransError
 from knittrans.plan import EncoderMicroBatchAssignment, MicroBatchAssignment
 from knittrans.reorg.assignments import AssignmentEvent, AssignmentSource, FailureReport, Registration, Verdict
+from knittrans.reorg.descriptors import Describer
 from knittrans.reorg.failures import blame, blame_by_probing
 from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.packing import PackLayout, PackSettings, backbone_layout, encoder_layout, fill_backbone
 from knittrans.reorg.reader import MicroBatchReader, ReadOutcome
 from knittrans.reorg.ring import SharedMemoryRing, SlotLease
+from knittrans.reorg.rounds import DeliveryTracker, RankProgress
 from knittrans.reorg.verification import verify_part
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MicroBatchDescriptor, MiniBatchFailure
@@ -56,43 +62,8 @@ from knittrans.types import ConsumerId
 
 logger = logging.getLogger(__name__)
 
-
-class DeliveryTracker:
-    """Which assignment sequences are fully consumed, acknowledged strictly in order."""
-
-    def __init__(self) -> None:
-        self._outstanding: OrderedDict[int, int] = OrderedDict()
-        self._last = 0
-
-    def expect(self, sequence: int, microbatches: int) -> list[int]:
-        if sequence <= self._last:
-            raise InvalidArgument(f"sequence {sequence} is not after {self._last}", field="sequence")
-        self._last = sequence
-        self._outstanding[sequence] = microbatches
-        return self._ready()
-
-    def cut_short(self, sequence: int, dropped: int) -> list[int]:
-        """``dropped`` micro-batches of ``sequence`` will never be published (its mini-batch failed)."""
-        if sequence in self._outstanding:
-            self._outstanding[sequence] -= dropped
-        return self._ready()
-
-    def released(self, sequence: int) -> list[int]:
-        """One micro-batch of ``sequence`` was released by every TP rank; returns the sequences now complete."""
-        if sequence not in self._outstanding:
-            return []
-        self._outstanding[sequence] -= 1
-        return self._ready()
-
-    def _ready(self) -> list[int]:
-        done = []
-        while self._outstanding:
-            sequence, remaining = next(iter(self._outstanding.items()))
-            if remaining > 0:
-                break
-            self._outstanding.popitem(last=False)
-            done.append(sequence)
-        return done
+_Delivery = tuple[AssignmentEvent, "asyncio.Task[Verdict]"]
+_WAKE = object()  # a new delivery round has assignments to deliver again
 
 
 def new_incarnation() -> str:
@@ -149,7 +120,16 @@ class Sidecar:
         self._tracker = DeliveryTracker()
         self._acks: asyncio.Queue[int] = asyncio.Queue()
         self._contexts: OrderedDict[int, AssignmentEvent] = OrderedDict()
+        self._admitted: OrderedDict[int, tuple[str, ...]] = OrderedDict()  # GetMiniBatch's, per sequence
         self._retained = retained_minibatches
+        self._arrived: asyncio.Queue[_Delivery | Exception | object | None] = asyncio.Queue()
+        self._round = 0
+        self._ranks = RankProgress()
+        self._in_flight: OrderedDict[int, _Delivery] = OrderedDict()  # delivering or delivered, not yet acked
+        self._again: deque[_Delivery] = deque()  # to deliver again in this round, before what arrives next
+        self._skip: dict[int, frozenset[int]] = {}  # sequence -> TP ranks that already had all of it
+        self._intake: asyncio.Task | None = None
+        self._num_minibatches = registration.num_minibatches
         self._bytes_read = 0
         self._bytes_needed = 0
         self.acknowledged_sequence = registration.acknowledged_sequence
@@ -157,6 +137,7 @@ class Sidecar:
         self.tp = registration.topology.encoder(encoder).tp if encoder else registration.topology.backbone.tp
         self.cp = registration.topology.backbone.cp
         metrics.slots.set(ring.slots)
+        self._describe = Describer(incarnation=incarnation, consumer=consumer, cp=self.cp, tp=self.tp)
 
     @property
     def counters(self) -> SidecarCounters:
@@ -164,35 +145,52 @@ class Sidecar:
                                bytes_needed=self._bytes_needed, read_calls=self._reader.read_calls,
                                acknowledged_sequence=self.acknowledged_sequence)
 
+    @property
+    def delivery_round(self) -> int:
+        return self._round
+
     def context(self, sequence: int) -> AssignmentEvent | None:
         return self._contexts.get(sequence)
+
+    async def admitted_trajectory_ids(self, sequence: int) -> tuple[str, ...]:
+        """Every trajectory of a mini-batch, asked of the source once per sequence (only GetMiniBatch needs them)."""
+        if sequence not in self._admitted:
+            self._admitted[sequence] = await self._source.admitted_trajectory_ids(sequence)
+            while len(self._admitted) > self._retained:
+                self._admitted.popitem(last=False)
+        return self._admitted[sequence]
 
     # ---- pipeline -------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Consume the source until it ends (then let the trainers drain the ring) or the task is cancelled."""
         acks = asyncio.create_task(self._acknowledge_in_order(), name=f"acks-{self.consumer}")
-        arrived: asyncio.Queue[tuple[AssignmentEvent, asyncio.Task[Verdict]] | Exception | None] = asyncio.Queue()
-        intake = asyncio.create_task(self._take_assignments(arrived), name=f"intake-{self.consumer}")
+        self._intake = asyncio.create_task(self._take_assignments(self._arrived), name=f"intake-{self.consumer}")
         try:
-            while (item := await arrived.get()) is not None:
+            while True:
+                if self._again:
+                    item: object = self._again.popleft()
+                elif (item := await self._arrived.get()) is _WAKE:
+                    continue
+                if item is None:
+                    break
                 if isinstance(item, Exception):
                     raise item
                 if acks.done():
                     acks.result()  # acknowledging failed: stop rather than run ahead of the source
+                assert isinstance(item, tuple)
                 await self._deliver(*item)
             await self.ring.finish()
             logger.info("%s: assignment source ended after %d micro-batches", self.consumer, self.ring.published)
             await acks  # finishes once the trainers released everything and the last ack went out
         finally:
             acks.cancel()
-            intake.cancel()
+            if self._intake is not None:
+                self._intake.cancel()
             for task in list(self._judging):
                 task.cancel()
 
-    async def _take_assignments(
-        self, arrived: asyncio.Queue[tuple[AssignmentEvent, asyncio.Task[Verdict]] | Exception | None]
-    ) -> None:
+    async def _take_assignments(self, arrived: asyncio.Queue[_Delivery | Exception | object | None]) -> None:
         """Take every assignment as it arrives and start judging it at once, however far delivery lags behind:
         a verdict then never waits on this sidecar's trainers (the queue is bounded by what the admission
         service admits ahead)."""
@@ -239,48 +237,67 @@ class Sidecar:
         return verdict
 
     async def _deliver(self, event: AssignmentEvent, judging: asyncio.Task[Verdict]) -> None:
+        """Publish the assignment's micro-batches in order; returns early (abandoning what it was filling) when a
+        new delivery round starts meanwhile: the round delivers it again."""
+        round_ = self._round
         assigned_at = event.received_at or time.time()
         self._contexts[event.sequence] = event
+        self._contexts.move_to_end(event.sequence)
         while len(self._contexts) > self._retained:
             self._contexts.popitem(last=False)
+        self._in_flight[event.sequence] = (event, judging)
         encoder = self.consumer.encoder_name is not None
         # An assignment without micro-batches (say, an encoder's in a mini-batch without images) still goes out as
         # one empty micro-batch: every consumer's trainers see every mini-batch and report its optimizer step.
         count = max(event.num_units, 1)
-        for sequence in self._tracker.expect(event.sequence, count):
-            self._acks.put_nowait(sequence)
+        self._delivered(self._tracker.expect(event.sequence, count))
+        loop = asyncio.get_running_loop()
+        # Micro-batch 0 is decoded and laid out while the verdict is decided (its reads wait for the verdict).
+        first = loop.run_in_executor(self._executor, self._plan_unit, event, 0, encoder)
+        first.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved below, or dropped
         waiting_since = time.perf_counter()
         verdict = await judging
         self._metrics.verdict_wait_seconds.observe(time.perf_counter() - waiting_since)
+        if self._round != round_:
+            return
         if verdict.failure is not None:
             admission = event.admission
             logger.error("%s: skipping mini-batch %d (train batch %d, mini-batch %d): trajectory %r, unit %r: %s",
                          self.consumer, event.sequence, admission.train_batch_index, admission.minibatch_index,
                          verdict.failure.trajectory_id, verdict.failure.unit_key, verdict.failure.reason)
-            await self._publish_failure(event, 0, count, verdict.failure)
+            await self._publish_failure(event, 0, count, verdict.failure, round_)
             return
-        loop = asyncio.get_running_loop()
         for position in range(count):
             # Decoding and layout run on the reader thread too, keeping the event loop free for the trainers.
             try:
-                micro, layout = await loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder)
+                micro, layout = await (first if position == 0 else
+                                       loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder))
             except Exception as error:
-                await self._fail(event, position, count, None, None, error)
+                await self._fail(event, position, count, None, None, error, round_)
+                return
+            if self._round != round_:
                 return
             lease = await self.ring.acquire(max(layout.used_bytes, 1))
             try:
+                if self._round != round_:
+                    await self.ring.abandon(lease)
+                    return
                 outcome, pack_seconds = await loop.run_in_executor(self._executor, self._fill, layout, micro, lease)
             except Exception as error:
                 await self.ring.abandon(lease)
-                await self._fail(event, position, count, micro, layout, error)
+                await self._fail(event, position, count, micro, layout, error, round_)
                 return
             except BaseException:
                 await self.ring.abandon(lease)
                 raise
+            if self._round != round_:
+                await self.ring.abandon(lease)
+                return
             self._account(outcome, pack_seconds)
-            build = functools.partial(self._descriptor, event=event, micro=micro, position=position,
-                                      count=count, layout=layout, lease=lease, assigned_at=assigned_at)
-            await self.ring.publish(lease, build)
+            build = functools.partial(self._describe.descriptor, event=event, micro=micro, position=position,
+                                      count=count, layout=layout, lease=lease, assigned_at=assigned_at,
+                                      delivery_round=round_)
+            await self.ring.publish(lease, build, skip=self._skip.get(event.sequence, frozenset()))
             self._metrics.published.inc()
             self._metrics.slots_occupied.set(self.ring.occupied)
 
@@ -292,6 +309,7 @@ class Sidecar:
         micro: MicroBatchAssignment | EncoderMicroBatchAssignment | None,
         layout: PackLayout | None,
         error: Exception,
+        round_: int,
     ) -> None:
         """Micro-batch ``position`` of ``event`` cannot be read or packed: publish the failure in its place (the
         last of its mini-batch here), report it, and leave the rest of the mini-batch out."""
@@ -303,23 +321,28 @@ class Sidecar:
                      admission.train_batch_index, admission.minibatch_index, position, failure.trajectory_id,
                      failure.unit_key, failure.reason, exc_info=not isinstance(error, KnitTransError))
         self._metrics.failed_minibatches.inc()
-        await self._publish_failure(event, position, count, failure)
+        await self._publish_failure(event, position, count, failure, round_)
         await self._report(FailureReport(sequence=event.sequence, admission=admission, microbatch_index=position,
                                          failure=failure))
 
     async def _publish_failure(self, event: AssignmentEvent, position: int, count: int,
-                               failure: MiniBatchFailure) -> None:
+                               failure: MiniBatchFailure, round_: int) -> None:
         """Publish ``failure`` as micro-batch ``position`` of the mini-batch, its last: the rest is left out."""
-        for sequence in self._tracker.cut_short(event.sequence, count - position - 1):
-            self._acks.put_nowait(sequence)
+        if self._round != round_:
+            return
         lease = await self.ring.acquire(1)
+        if self._round != round_:
+            await self.ring.abandon(lease)
+            return
+        self._delivered(self._tracker.cut_short(event.sequence, count - position - 1))
         empty = MicroBatchAssignment(index=0, last=True, num_loss_tokens=0, items=())
         build = functools.partial(
-            self._descriptor, event=event, micro=empty, position=position, count=count,
+            self._describe.descriptor, event=event, micro=empty, position=position, count=count,
+            delivery_round=round_,
             layout=PackLayout(tensors=(), used_bytes=0, scratch_bytes=0, reads=(), item_offsets=(), num_tokens=0),
             lease=lease, assigned_at=event.received_at or time.time(), failure=failure,
         )
-        await self.ring.publish(lease, build)
+        await self.ring.publish(lease, build, skip=self._skip.get(event.sequence, frozenset()))
         self._metrics.slots_occupied.set(self.ring.occupied)
 
     async def _report(self, report: FailureReport) -> bool:
@@ -366,66 +389,73 @@ class Sidecar:
         self._metrics.read_seconds.observe(outcome.seconds)
         self._metrics.pack_seconds.observe(pack_seconds)
 
-    def _descriptor(
-        self,
-        ticket: int,
-        *,
-        event: AssignmentEvent,
-        micro: MicroBatchAssignment | EncoderMicroBatchAssignment,
-        position: int,
-        count: int,
-        layout: PackLayout,
-        lease: SlotLease,
-        assigned_at: float,
-        failure: MiniBatchFailure | None = None,
-    ) -> MicroBatchDescriptor:
-        admission = event.admission
-        backbone = isinstance(micro, MicroBatchAssignment)
-        encoder_inputs = () if backbone or failure is not None or not event.num_units \
-            else event.encoder_input_messages(position)
-        return MicroBatchDescriptor(
-            ticket=ticket,
-            incarnation=self.incarnation,
-            sequence=event.sequence,
-            train_batch_index=admission.train_batch_index,
-            minibatch_index=admission.minibatch_index,
-            num_minibatches=admission.num_minibatches,
-            train_version=admission.train_version,
-            microbatch_index=position,
-            num_microbatches=count,
-            last_in_minibatch=position == count - 1 or failure is not None,
-            minibatch_loss_tokens=event.global_loss_tokens,
-            microbatch_loss_tokens=micro.num_loss_tokens if backbone else 0,
-            segment=lease.segment,
-            slot=lease.slot,
-            used_bytes=layout.used_bytes,
-            tensors=layout.tensors,
-            role=self.consumer.role,
-            dp_rank=self.consumer.dp_rank,
-            cp_rank=self.consumer.cp_rank,
-            cp=self.cp,
-            tp=self.tp,
-            trajectory_ids=tuple(i.trajectory.trajectory_id for i in micro.items) if backbone else (),
-            trajectory_indices=tuple(i.trajectory_index for i in micro.items) if backbone else (),
-            encodings=layout.encodings,
-            encoder_input_messages=encoder_inputs,
-            assigned_at=assigned_at,
-            published_at=time.time(),
-            failure=failure,
-        )
-
     # ---- releases and acknowledgements ----------------------------------------------------------------------
 
     async def release(self, ticket: int, tp_rank: int, *, waited_seconds: float) -> bool:
         if waited_seconds >= 0:
             self._metrics.trainer_wait_seconds.observe(waited_seconds)
-        freed = await self.ring.release(ticket, tp_rank)
+        released = await self.ring.release(ticket, tp_rank)
         self._metrics.slots_occupied.set(self.ring.occupied)
-        if freed is None:
-            return False
-        for sequence in self._tracker.released(freed.sequence):
+        descriptor = released.descriptor
+        if descriptor is not None:
+            self._ranks.released(tp_rank, descriptor.sequence, descriptor.last_in_minibatch)
+            if released.freed:
+                self._delivered(self._tracker.released(descriptor.sequence))
+        return released.freed
+
+    def _delivered(self, sequences: list[int]) -> None:
+        """Every TP rank released all of ``sequences``: acknowledge them (in order) and forget them here."""
+        for sequence in sequences:
+            self._in_flight.pop(sequence, None)
+            self._skip.pop(sequence, None)
             self._acks.put_nowait(sequence)
-        return True
+
+    async def trainer_called(self, tp_rank: int, session: str, restored: tuple[int, int] | None = None) -> None:
+        """A trainer process of ``tp_rank`` asks for micro-batches from ``session``. A new session of a rank
+        that called before is a restart: if a TP rank is partway through a mini-batch, start a new delivery
+        round (see :mod:`knittrans.reorg.rounds`). A process restored from a checkpoint holding step
+        ``restored`` (train batch, mini-batch) gets the mini-batches after it again."""
+        if restored is not None:
+            if self._ranks.restores(tp_rank, session, restored):
+                await self._restore(tp_rank, restored)
+            return
+        if not self._ranks.called_from(tp_rank, session) or not self._ranks.partway or not self._in_flight:
+            return
+        start = next(iter(self._in_flight))
+        self._round += 1
+        withdrawn = await self.ring.withdraw(lambda d: d.sequence >= start, restarted=tp_rank)
+        again = [*self._in_flight.values(), *self._again]
+        self._skip = self._ranks.rewind(event.sequence for event, _ in again)
+        self._tracker.rewind(start)
+        self._in_flight.clear()
+        self._again = deque(again)
+        self._arrived.put_nowait(_WAKE)
+        self._metrics.slots_occupied.set(self.ring.occupied)
+        logger.warning("%s: TP rank %d restarted in the middle of a mini-batch; delivery round %d delivers "
+                       "mini-batch %d and what follows again from micro-batch 0 (%d published micro-batches "
+                       "withdrawn)", self.consumer, tp_rank, self._round, start, withdrawn)
+
+    async def _restore(self, tp_rank: int, step: tuple[int, int]) -> None:
+        """Withdraw everything published and stream the assignments after ``step`` again, as a new round."""
+        after = step[0] * self._num_minibatches + step[1] + 1  # sequences count mini-batches from 1
+        self._round += 1
+        if self._intake is not None:
+            self._intake.cancel()
+        while not self._arrived.empty():
+            self._arrived.get_nowait()
+        withdrawn = await self.ring.withdraw(lambda d: True, restarted=tp_rank)
+        self._tracker.rewind(1)
+        self._in_flight.clear()
+        self._again.clear()
+        self._skip = {}
+        self._source.restart_after(after)
+        if self._intake is not None:
+            self._intake = asyncio.create_task(self._take_assignments(self._arrived), name=f"intake-{self.consumer}")
+        self._arrived.put_nowait(_WAKE)
+        self._metrics.slots_occupied.set(self.ring.occupied)
+        logger.warning("%s: TP rank %d restored a checkpoint at train batch %d, mini-batch %d; delivery round %d "
+                       "delivers mini-batch %d and what follows again (%d published micro-batches withdrawn)",
+                       self.consumer, tp_rank, step[0], step[1], self._round, after + 1, withdrawn)
 
     async def _acknowledge_in_order(self) -> None:
         while True:
@@ -443,3 +473,4 @@ class Sidecar:
         self._verifier.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._reader.close()
+

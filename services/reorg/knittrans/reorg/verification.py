@@ -21,8 +21,11 @@ from knittrans.retry import Backoff
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import UnitKey
+from knittrans.v1 import trajectory_pb2
 
 logger = logging.getLogger(__name__)
+
+_READ_KINDS = (trajectory_pb2.UNIT_KIND_TOKEN_FIELD, trajectory_pb2.UNIT_KIND_FIELD)  # what a backbone item reads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +59,14 @@ def stored_units(event: AssignmentEvent) -> list[StoredUnit]:
                                     microbatch_index=index)
 
     message, decoded = event.message, event.decoded
+    if event.rank is not None:  # a DP rank's part: every CP rank reads every field unit of its items
+        for index, rank_micro in enumerate(event.rank.microbatches):
+            for rank_item in rank_micro.items:
+                trajectory = rank_item.trajectory
+                for unit in trajectory.units:
+                    if unit.kind in _READ_KINDS:
+                        add(unit.key, unit.header.byte_length, trajectory.trajectory_id, index)
+        return list(units.values())
     if event.encoder:
         if message is not None:
             for index, micro in enumerate(message.encoder_microbatches):

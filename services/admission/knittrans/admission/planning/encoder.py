@@ -18,6 +18,7 @@ from knittrans.admission.planning.bins import bins_to_csr, first_fit_decreasing,
 from knittrans.admission.planning.partition import karmarkar_karp
 from knittrans.errors import InvalidArgument
 from knittrans.plan import EncoderPlan, EncoderQuality, RouteMap
+from knittrans.plan.geometry import clip_to_chunks
 from knittrans.types import EncoderTopology, Topology, TrajectoryMeta, UnitKind
 
 # What two references to one key must agree on: (cost, placeholder length, kind, content hash).
@@ -212,9 +213,7 @@ def build_route(
     """
     if len(references.trajectory) == 0:
         return RouteMap.empty()
-    spans = cp_spans[references.trajectory]  # [R, cp, 2, 2]
-    starts = np.maximum(spans[..., 0], references.starts[:, None, None])
-    ends = np.minimum(spans[..., 1], references.ends[:, None, None])
+    starts, ends = clip_to_chunks(cp_spans[references.trajectory], references.starts, references.ends)  # [R, cp, 2]
     ref, cp_rank, chunk = np.nonzero(ends > starts)
     row_starts = starts[ref, cp_rank, chunk]
     row_ends = ends[ref, cp_rank, chunk]

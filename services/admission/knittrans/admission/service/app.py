@@ -93,6 +93,8 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
             label_fields=settings.label_fields,
             initial_version=settings.initial_version,
             max_report_batch=settings.max_report_batch,
+            schema=settings.schema,
+            retention=settings.retention,
         )
     )
     metrics = AdmissionMetrics(registry, settings.engine.sources)
@@ -109,6 +111,7 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
         delete_batch_size=settings.delete_batch_size,
         mutation_wait_seconds=settings.mutation_wait_seconds,
         snapshot_every=settings.snapshot_every_records,
+        unreported_unit_ttl_seconds=settings.unreported_unit_ttl_seconds,
     )
     await servicer.recover()
 

@@ -19,30 +19,38 @@ import logging
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
 from knittrans.admission.engine.decisions import BlockingReason, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.expiry import ReservationExpiry
 from knittrans.admission.service.index import UnitIndex
 from knittrans.admission.service.ingest.report import Classified, check_keys, check_media, replayed_report
 from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
 from knittrans.admission.service.records import admit_of, drop_of, failure_consumer, wait_of
-from knittrans.admission.service.schema import JobSchema, schema_of
+from knittrans.admission.service.reservation_records import apply_cancelled, apply_reserved
+from knittrans.admission.service.retention import (
+    AdmittedMiniBatch,
+    RetentionPolicy,
+    StepKey,
+    Verdict,
+    due_for_release,
+)
+from knittrans.admission.service.schema import JobSchema, declared_schema, schema_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.trajectory_schema import TrajectorySchema
 from knittrans.types import (
     BACKBONE_ROLE,
     ENCODER_ROLE_PREFIX,
     AdmissionUnit,
     ConsumerId,
-    SampleId,
     Topology,
     TrajectoryId,
     UnitKey,
 )
-from knittrans.v1 import admission_pb2, admission_service_pb2, journal_pb2
+from knittrans.v1 import admission_service_pb2, journal_pb2
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +71,6 @@ def all_consumers(topology: Topology) -> tuple[ConsumerId, ...]:
     return tuple(consumers)
 
 
-class Verdict(StrEnum):
-    """Whether an admitted mini-batch may be delivered: decided once, by whichever comes first in the journal,
-    every planned consumer's VERIFIED (OK) or a consumer's failure (FAILED), and never changed afterwards."""
-
-    PENDING = "pending"
-    OK = "ok"
-    FAILED = "failed"
-
-
 @dataclass(frozen=True, kw_only=True)
 class LedgerSettings:
     engine: EngineConfig
@@ -79,23 +78,8 @@ class LedgerSettings:
     label_fields: tuple[str, ...] = ("input_ids",)
     initial_version: int = 0
     max_report_batch: int = 10_000
-
-
-@dataclass
-class AdmittedMiniBatch:
-    """An admitted mini-batch, kept until every planned consumer reported its optimizer step."""
-
-    sequence: int
-    admission: admission_pb2.MiniBatchAdmission
-    trajectory_ids: tuple[TrajectoryId, ...]
-    owed_steps: set[ConsumerId]
-    dispatch: MiniBatchDispatch | None = None  # its plan, derived from the metadata on demand; never journaled
-    verified: set[ConsumerId] = field(default_factory=set)  # consumers that verified it, while PENDING
-    verdict: Verdict = Verdict.PENDING
-
-    @property
-    def released(self) -> bool:
-        return not self.owed_steps
+    schema: TrajectorySchema | None = None  # declared in the config; None: the first trajectory fixes it
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
 
 class _Block:
@@ -116,7 +100,8 @@ class Applied:
     admitted: AdmittedMiniBatch | None = None
     dropped: tuple[TrajectoryId, ...] = ()
     drop_reason: DropReason | None = None
-    released: AdmittedMiniBatch | None = None
+    released: AdmittedMiniBatch | None = None  # the last mini-batch it released
+    released_count: int = 0
     freed_keys: tuple[UnitKey, ...] = ()
     changed_blocking: bool = False
     version_changed: bool = False
@@ -146,6 +131,7 @@ class AdmissionLedger:
         # Multimodal input key -> how its references describe it, while any trajectory holds the input.
         self._media: dict[str, tuple] = {}
         self.index = UnitIndex()
+        self.expiry = ReservationExpiry()  # when unreported reservations lapse, and their trajectories' own units
         self.minibatches: dict[int, AdmittedMiniBatch] = {}
         self.next_sequence = 1
         self.acknowledged: dict[ConsumerId, int] = dict.fromkeys(self.consumers, 0)
@@ -156,10 +142,11 @@ class AdmissionLedger:
         self.admitted_total = 0
         self.dropped_stale = 0
         self.released_minibatches = 0
+        self.checkpoint: StepKey | None = None  # the latest reported checkpoint's last step
         self.quota_violations = 0
         # What every accepted trajectory must agree on, so that any of them can be packed together; fixed by the
-        # first accepted trajectory applied (the same one on replay).
-        self.schema: JobSchema | None = None
+        # first accepted trajectory applied (the same one on replay), unless the config declares it.
+        self.schema: JobSchema | None = None if settings.schema is None else declared_schema(settings.schema)
         # Mini-batches a consumer could not read or pack (rare by construction: ingest keeps poison out).
         self.failure_keys: set[tuple[ConsumerId, int]] = set()
         self.failed_sequences: set[int] = set()
@@ -225,8 +212,9 @@ class AdmissionLedger:
         self._rows.update(zip(selected, range(base, base + len(rows)) if whole else [base + i for i in rows],
                               strict=True))
         self.index.add_checked(checked)
+        self.expiry.take_over(selected)
         if self.pending_deletes:
-            self._revive(checked.flat_media)
+            self.revive(checked.flat_media)
         self.engine.add_many(
             PoolEntries(
                 trajectory_ids=selected,
@@ -317,13 +305,27 @@ class AdmissionLedger:
         if minibatch is None or consumer not in minibatch.owed_steps:
             return Applied()
         minibatch.owed_steps.discard(consumer)
-        if not minibatch.released:
+        return self._release_due() if minibatch.stepped else Applied()
+
+    def _apply_checkpoint(self, record: journal_pb2.JournalRecord) -> Applied:
+        step = (record.checkpoint.train_batch_index, record.checkpoint.minibatch_index)
+        if self.checkpoint is not None and step <= self.checkpoint:
             return Applied()
-        self.released_minibatches += 1
-        freed = self._release_trajectories(minibatch.trajectory_ids)
-        minibatch.dispatch = None
+        self.checkpoint = step
+        return self._release_due()
+
+    def _release_due(self) -> Applied:
+        """Release the stepped mini-batches that retention lets go (:mod:`.retention`)."""
+        held = [m for _, m in sorted(self.minibatches.items()) if m.stepped and not m.released]
+        due = [held[i] for i in due_for_release([m.step for m in held], self.checkpoint, self.settings.retention)]
+        freed: list[UnitKey] = []
+        for minibatch in due:
+            self.released_minibatches += 1
+            freed.extend(self._release_trajectories(minibatch.trajectory_ids))
+            minibatch.released = True
+            minibatch.dispatch = None
         self._forget_finished()
-        return Applied(released=minibatch, freed_keys=freed)
+        return Applied(released=due[-1] if due else None, released_count=len(due), freed_keys=tuple(freed))
 
     def _verified(self, consumer: ConsumerId, sequence: int) -> Applied:
         minibatch = self.minibatches.get(sequence)
@@ -337,24 +339,16 @@ class AdmissionLedger:
         return Applied(decided=sequence)
 
     def _apply_reserved(self, record: journal_pb2.JournalRecord) -> Applied:
-        for reservation in record.reserved.reservations:
-            trajectory_id = TrajectoryId(reservation.trajectory_id)
-            if self.is_reported(trajectory_id):
-                continue  # a retried submit whose report already arrived: the report holds the units
-            keys = [UnitKey(key) for key in reservation.multimodal_keys]
-            if self.index.reserve(trajectory_id, SampleId(reservation.sample_id), keys):
-                self._revive(keys)
+        apply_reserved(self, record)
         return Applied()
 
     def _apply_reservations_cancelled(self, record: journal_pb2.JournalRecord) -> Applied:
-        freed = self.index.cancel_reservations(
-            TrajectoryId(t) for t in record.reservations_cancelled.trajectory_ids)
-        for key in freed:
-            self.pending_deletes[key] = None
-            self._media.pop(key, None)
-        return Applied(freed_keys=freed)
+        return Applied(freed_keys=apply_cancelled(self, record))
 
-    def _revive(self, keys: Iterable[UnitKey]) -> None:
+    def media_forget(self, key: UnitKey) -> None:
+        self._media.pop(key, None)
+
+    def revive(self, keys: Iterable[UnitKey]) -> None:
         """Keys referenced again before their deletion began are not deleted: the deleter skips keys that are
         no longer pending. (A reservation of a key whose deletion is under way waits for it to end, so that
         the rollout's write that follows stores the unit again.)"""

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from knittrans.admission.engine.decisions import BlockingReason
-from knittrans.admission.service.assignments import MiniBatchDispatch
 from knittrans.admission.service.ingest.report import CONFLICT, Classified
-from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Verdict
+from knittrans.admission.service.ledger import AdmissionLedger, Verdict
 from knittrans.admission.service.records import blocking_to_proto
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
@@ -42,18 +41,6 @@ def report_response(report: Classified) -> pb.ReportTrajectoriesResponse:
         for i, outcome in enumerate(outcomes) if outcome == CONFLICT
     ] if CONFLICT in outcomes else []
     return pb.ReportTrajectoriesResponse(outcomes=outcomes, conflicts=conflicts)
-
-
-def assignment_response(
-    minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, consumer: ConsumerId
-) -> pb.WatchAssignmentsResponse:
-    """What ``consumer``'s stream carries for ``minibatch``, planned as ``dispatch``."""
-    return pb.WatchAssignmentsResponse(
-        sequence=minibatch.sequence,
-        admission=minibatch.admission,
-        global_loss_tokens=dispatch.minibatch_loss_tokens,
-        assignment=dispatch.assignment_fields(consumer),
-    )
 
 
 def verdict_response(

@@ -8,8 +8,12 @@ for every pair of trajectories the service could ever admit together:
   (its shape may differ: the packer then gives every item a tensor of its own, ``<name>.<item>``);
 - field names the packer can name a tensor after without colliding with one it generates
   (:mod:`knittrans.tensor_names`), and label fields (read with one token of look-ahead) that are 1-D integers;
-- scalar names that can name a tensor. Scalar *sets* may differ: the packer fills a missing scalar with NaN and
-  marks it in ``scalar_present.<name>``.
+- scalar names that can name a tensor. Scalar *sets* may differ: the packer fills a missing scalar with NaN (0,
+  false) and marks it in ``scalar_present.<name>``; a name keeps one kind (float, int, bool) in a job, and so does
+  a metadata name (str, bytes, JSON), within its size bound (:mod:`.value_schema`).
+
+A job may declare its schema in its config (:class:`knittrans.trajectory_schema.TrajectorySchema`,
+:func:`declared_schema`); without one, the first accepted trajectory fixes it.
 
 What the packer assumes about one item alone (a header's byte length matching its shape and dtype, a per-token
 field's leading axis matching the trajectory's length) is checked by :mod:`~knittrans.admission.service.ingest.rules`.
@@ -20,17 +24,26 @@ schema. Pure: the schema is derived from reported metadata only, so replaying th
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
+from knittrans.admission.service.value_schema import MetadataRules, ScalarRules, check_values, derived_value_rules
 from knittrans.errors import InvalidArgument
 from knittrans.tensor_names import field_name_problem, scalar_name_problem
-from knittrans.types import DType
-from knittrans.wire.enums import DTYPE_FROM_PROTO, DTYPE_TO_PROTO, TOKEN_FIELD_KIND, UNIT_KIND_FROM_PROTO
+from knittrans.trajectory_schema import TrajectorySchema
+from knittrans.types import DType, UnitKind
+from knittrans.wire.enums import (
+    DTYPE_FROM_PROTO,
+    DTYPE_TO_PROTO,
+    TOKEN_FIELD_KIND,
+    UNIT_KIND_FROM_PROTO,
+    UNIT_KIND_TO_PROTO,
+)
 
 _TOKEN_FIELD = TOKEN_FIELD_KIND
+_FIELD = UNIT_KIND_TO_PROTO[UnitKind.FIELD]
 _INTEGER_DTYPES = frozenset(
     DTYPE_TO_PROTO[dtype]
     for dtype in (DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.UINT32, DType.INT64)
@@ -54,7 +67,16 @@ class FieldSchema:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSchema:
+    """The job's stored fields, scalars and metadata; ``declared``: from the config, not the first trajectory."""
+
     fields: Mapping[str, FieldSchema]
+    scalars: ScalarRules = field(default_factory=dict)
+    metadata: MetadataRules = field(default_factory=dict)
+    declared: bool = False
+
+    @property
+    def origin(self) -> str:
+        return "declared in the job's schema" if self.declared else "fixed by the job's first trajectory"
 
     def describe(self) -> str:
         return ", ".join(f"{name}: {schema.describe()}" for name, schema in sorted(self.fields.items()))
@@ -93,7 +115,17 @@ def schema_of(columns: TrajectoryColumns, row: int, label_fields: Collection[str
                 field=f"{where}.header",
             )
         fields[name] = schema
-    return JobSchema(fields=fields)
+    scalars, metadata = derived_value_rules(columns, row)
+    return JobSchema(fields=fields, scalars=scalars, metadata=metadata)
+
+
+def declared_schema(declared: TrajectorySchema) -> JobSchema:
+    """The job schema a config declares (its label fields were checked with it)."""
+    fields = {name: FieldSchema(kind=_TOKEN_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=spec.row_shape)
+              for name, spec in declared.token_fields.items()}
+    fields.update({name: FieldSchema(kind=_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=None)
+                   for name, spec in declared.fields.items()})
+    return JobSchema(fields=fields, scalars=dict(declared.scalars), metadata=dict(declared.metadata), declared=True)
 
 
 def _signature_table(columns: TrajectoryColumns, units: np.ndarray) -> np.ndarray:
@@ -159,6 +191,7 @@ def check_schema(
     rows = columns.unit_rows
     first_bad_row = min([int(rows[u]) for u in bad_units] + wrong_count[:1].tolist(), default=None)
     if first_bad_row is None:
+        check_values(columns, accepted, schema.scalars, schema.metadata, declared=schema.declared)
         return schema
     for unit in range(int(offsets[first_bad_row]), int(offsets[first_bad_row + 1])):
         name = columns.field_names[int(columns.unit_fields[unit])]
@@ -166,17 +199,17 @@ def check_schema(
         where = _unit_field(columns, first_bad_row, unit)
         if expected is None:
             raise InvalidArgument(
-                f"field {name!r} is not among the job's fields ({schema.describe()}); the job's first trajectory "
-                "fixed them", field=f"{where}.field_name")
+                f"field {name!r} is not among the job's fields ({schema.describe()}); {schema.origin}",
+                field=f"{where}.field_name")
         found = _unit_schema(columns, unit)
         if found != expected:
             sub = "kind" if found.kind != expected.kind else "header.dtype" if found.dtype != expected.dtype \
                 else "header.shape"
             raise InvalidArgument(
-                f"field {name!r} is {found.describe()}, the job's is {expected.describe()} (fixed by its first "
-                "trajectory)", field=f"{where}.{sub}")
+                f"field {name!r} is {found.describe()}, the job's is {expected.describe()} ({schema.origin})",
+                field=f"{where}.{sub}")
     present = {columns.field_names[int(columns.unit_fields[u])]
                for u in range(int(offsets[first_bad_row]), int(offsets[first_bad_row + 1]))}
     raise InvalidArgument(
         f"lacks fields {sorted(set(schema.fields) - present)}: every accepted trajectory of the job stores "
-        f"{sorted(schema.fields)} (fixed by its first trajectory)", field=f"trajectories[{first_bad_row}].units")
+        f"{sorted(schema.fields)} ({schema.origin})", field=f"trajectories[{first_bad_row}].units")

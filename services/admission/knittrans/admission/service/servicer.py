@@ -22,7 +22,11 @@ from grpc import aio
 
 from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
+from knittrans.admission.service import reservation_gc
+from knittrans.admission.service.assignment_messages import AssignmentMessages
 from knittrans.admission.service.block_merge import coalesce_small_blocks
+from knittrans.admission.service.checkpoints import check_streamable, report_checkpoint
+from knittrans.admission.service.deleter import UnitDeleter
 from knittrans.admission.service.gc_pacing import collect_young_objects
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
@@ -32,7 +36,6 @@ from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatc
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.admission.service.records import failure_consumer, record_for
 from knittrans.admission.service.responses import (
-    assignment_response,
     outcome_counts,
     report_response,
     status_response,
@@ -73,15 +76,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         delete_keys: Callable[[list[str]], None] | None = None,
         delete_batch_size: int = 1024,
         mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
+        unreported_unit_ttl_seconds: float = reservation_gc.DEFAULT_UNREPORTED_UNIT_TTL,
         clock: Callable[[], float] = time.time,
         snapshot_every: int = 0,
     ) -> None:
+        self._unit_ttl = unreported_unit_ttl_seconds
         self._ledger = ledger
         self._journal = journal
         self._metrics = metrics
         self._job = job
-        self._delete_keys = delete_keys
-        self._delete_batch_size = delete_batch_size
         self._clock = clock
         self._commits = JournaledCommits(journal=journal, ledger=ledger, after=self._after,
                                          mutation_wait_seconds=mutation_wait_seconds, closed=lambda: self._closed,
@@ -89,18 +92,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._lock = self._commits.lock
         self._published = asyncio.Condition()
         self._verdicts = asyncio.Condition()  # notified when a mini-batch's verdict is decided
-        self._deletions: asyncio.Queue[str] = asyncio.Queue()
-        # Keys whose deletion from the store is under way, and an event set when that deletion has ended.
-        self._deleting: frozenset[str] = frozenset()
-        self._deletion_ended = asyncio.Event()
-        self._deletion_ended.set()
-        self._deletions_done = asyncio.Condition()  # notified whenever deleted units were journaled
+        self._deleter = UnitDeleter(delete_keys=delete_keys, batch_size=delete_batch_size,
+                                    pending=lambda: ledger.pending_deletes, lock=self._lock, commit=self._commit,
+                                    clock=clock, on_deleted=metrics.released_units.inc)
         self._background: list[asyncio.Task] = []
         self._wake = WakeTimer(self._timed_admission, clock=clock)  # timed decisions, e.g. relax_after
-        # Consumers' assignments are built here, one at a time, off the event loop: the report that admitted a
-        # mini-batch (journaled already) is answered while they are built, and each stream sends its part as
-        # soon as it is ready. One thread, so a mini-batch's shared views are never built twice at once.
+        # Consumers' assignments are built here, one mini-batch at a time, off the event loop: the report that
+        # admitted a mini-batch (journaled already) is answered while they are built, and each stream sends its
+        # part as soon as it is ready. One thread, so a mini-batch's shared views are never built twice at once.
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="assignments")
+        self._messages = AssignmentMessages(self._builder, inline_trajectories=INLINE_BUILD_TRAJECTORIES)
         self._last_admission_at: float | None = None
         self._failure: str = ""
         self._closed = False
@@ -112,8 +113,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         replayed."""
         started = time.monotonic()
         count = await self._commits.recover()
-        for key in self._ledger.pending_deletes:
-            self._deletions.put_nowait(key)
+        self._deleter.enqueue(self._ledger.pending_deletes)
         if self._commits.applied_sequence:
             logger.info(
                 "recovered %d journal records in %.3fs: %d mini-batches admitted, version %d",
@@ -125,9 +125,12 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         return count
 
     def start_background(self) -> None:
-        self._background.append(asyncio.create_task(self._delete_released(), name="delete-released"))
+        self._background.append(asyncio.create_task(self._deleter.run(), name="delete-released"))
         self._background.append(asyncio.create_task(self._tick_gauges(), name="gauges"))
         self._background.append(asyncio.create_task(self._commits.keep_snapshots(), name="snapshots"))
+        self._background.append(asyncio.create_task(reservation_gc.collect_expired(
+            ledger=self._ledger, mutating=self._commits.mutating, commit=self._commit, clock=self._clock,
+            ttl_seconds=self._unit_ttl), name="expire-reservations"))
 
     async def close(self) -> None:
         self._closed = True
@@ -189,8 +192,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             self._on_admitted(applied.admitted, at)
         if applied.dropped:
             metrics.dropped.labels(applied.drop_reason.value).inc(len(applied.dropped))
-        for key in applied.freed_keys:
-            self._deletions.put_nowait(key)
+        self._deleter.enqueue(applied.freed_keys)
         if applied.version_changed:
             metrics.policy_version.set(self._ledger.version)
         if applied.decided is not None:
@@ -302,6 +304,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             topology=topology_to_proto(self._ledger.settings.topology),
             acknowledged_sequence=self._ledger.acknowledged[consumer],
             job=self._job,
+            num_minibatches=self._ledger.settings.engine.num_minibatches,
         )
 
     async def WatchAssignments(
@@ -312,23 +315,19 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         after = request.after_sequence
         if after >= self._ledger.next_sequence + 1_000_000:
             raise InvalidArgument("is far beyond the last assignment", field="after_sequence")
+        check_streamable(self._ledger, after)
         while True:
             async with self._published:
                 await self._published.wait_for(lambda last=after: self._ledger.next_sequence - 1 > last or self._closed)
                 if self._closed:
                     return
                 pending = self._ledger.pending_after(after)
-            for minibatch in pending:  # in sequence order: the next is built once this one is sent
-                yield await self._assignment(minibatch, consumer)
+            for minibatch in pending:  # in sequence order
+                dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
+                # Serialised once per DP rank (the boundary sends bytes as they are); built off the loop.
+                yield await self._messages.response(minibatch, dispatch, consumer,
+                                                    include_trajectory_ids=request.include_trajectory_ids)
                 after = minibatch.sequence
-
-    async def _assignment(self, minibatch: AdmittedMiniBatch, consumer: ConsumerId) -> pb.WatchAssignmentsResponse:
-        dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
-        if len(minibatch.trajectory_ids) <= INLINE_BUILD_TRAJECTORIES:
-            return assignment_response(minibatch, dispatch, consumer)
-        # The build reads only the dispatch (its own copy of the metadata) and the journaled admission.
-        built = self._builder.submit(assignment_response, minibatch, dispatch, consumer)
-        return await asyncio.wrap_future(built)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
         consumer = _consumer(request.consumer, "consumer")
@@ -388,6 +387,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             verdict, failure = self._ledger.verdict(sequence)
         return verdict_response(verdict, failure, self._ledger.unverified(sequence))
 
+    async def ReportCheckpoint(self, request: pb.ReportCheckpointRequest, context: aio.ServicerContext):
+        return await report_checkpoint(request, ledger=self._ledger, commits=self._commits, commit=self._commit,
+                                       clock=self._clock)
+
     async def AdvanceVersion(self, request: pb.AdvanceVersionRequest, context: aio.ServicerContext):
         async with self._commits.mutating():
             ledger = self._ledger
@@ -404,10 +407,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             return pb.AdvanceVersionResponse(version=ledger.version)
 
     async def ReserveUnits(self, request: pb.ReserveUnitsRequest, context: aio.ServicerContext):
-        wanted = {key for reservation in request.reservations for key in reservation.multimodal_keys}
+        wanted = {key for r in request.reservations for key in (*r.multimodal_keys, *r.unit_keys)}
         while True:
             async with self._commits.mutating():
-                if self._deleting.isdisjoint(wanted):
+                if self._deleter.deleting.isdisjoint(wanted):
                     check_reservations(request, self._ledger.index, limit=self._ledger.settings.max_report_batch)
                     new = sum(
                         not self._ledger.is_reported(TrajectoryId(r.trajectory_id))
@@ -415,9 +418,11 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                         for r in request.reservations
                     )
                     if new:
-                        await self._commit(journal_pb2.JournalRecord(at=self._clock(), reserved=request))
+                        now = self._clock()
+                        reserved = reservation_gc.stamped(request, now, self._unit_ttl)  # expires_at, absolute
+                        await self._commit(journal_pb2.JournalRecord(at=now, reserved=reserved))
                     return pb.ReserveUnitsResponse(reserved=new)
-                ended = self._deletion_ended
+                ended = self._deleter.ended
             # A unit being deleted now may be gone or not when the deletion ends: wait, so that the caller's write
             # that follows this reservation finds it absent and stores it again.
             await ended.wait()
@@ -433,58 +438,13 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 record = journal_pb2.JournalRecord(at=self._clock(), reservations_cancelled=cancelled)
                 freed = (await self._commit(record)).freed_keys
         # A failed submit leaves nothing behind: answer once the units nobody references any more are deleted.
-        pending = self._ledger.pending_deletes
-        async with self._deletions_done:
-            await self._deletions_done.wait_for(lambda: all(key not in pending for key in freed))
+        await self._deleter.wait_gone(freed)
         return pb.CancelReservationsResponse(cancelled=len(held))
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: aio.ServicerContext):
         return status_response(self._ledger, failure=self._failure, now=self._clock())
 
     # -- background work -------------------------------------------------------------------------------
-
-    async def _delete_released(self) -> None:
-        """Delete released units from the store in batches, then journal that they are gone.
-
-        A key referenced again after its release (a reservation, or a report, revived it) is no longer pending
-        and is skipped. While a batch is being deleted, reservations of its keys wait (see ReserveUnits)."""
-        while True:
-            queued = [await self._deletions.get()]
-            while len(queued) < self._delete_batch_size and not self._deletions.empty():
-                queued.append(self._deletions.get_nowait())
-            async with self._lock:
-                pending = self._ledger.pending_deletes
-                keys = [key for key in dict.fromkeys(queued) if key in pending]
-                if not keys:
-                    continue
-                self._deleting = frozenset(keys)
-                self._deletion_ended.clear()
-            try:
-                if self._delete_keys is not None:
-                    try:
-                        await asyncio.to_thread(self._delete_keys, keys)
-                    except KnitTransError as exc:
-                        logger.warning("deleting %d released units failed, retrying later: %s", len(keys), exc)
-                        await asyncio.sleep(1.0)
-                        for key in keys:
-                            self._deletions.put_nowait(key)
-                        continue
-                try:
-                    async with self._lock:
-                        deleted = journal_pb2.UnitsDeleted(keys=keys)
-                        await self._commit(journal_pb2.JournalRecord(at=self._clock(), deleted=deleted))
-                except Unavailable as exc:  # still pending: deleted again (which finds them gone) and journaled
-                    logger.warning("journaling %d deleted units failed, retrying later: %s", len(keys), exc)
-                    await asyncio.sleep(1.0)
-                    for key in keys:
-                        self._deletions.put_nowait(key)
-                    continue
-                self._metrics.released_units.inc(len(keys))
-                async with self._deletions_done:
-                    self._deletions_done.notify_all()
-            finally:
-                self._deleting = frozenset()
-                self._deletion_ended.set()
 
     async def _tick_gauges(self) -> None:
         while True:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from knittrans.admission.engine import EngineConfig
+from knittrans.admission.service.retention import RetentionPolicy
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
 from knittrans.serving.settings import ServerSettings
+from knittrans.trajectory_schema import TrajectorySchema
 from knittrans.types import Topology
 
 DEFAULT_PORT = 50051
@@ -21,9 +23,12 @@ class AdmissionServiceSettings:
     wait until the journal's tail is read. ``mutation_wait_seconds`` is how long a mutating call waits for its
     turn (during such a wait, or behind other calls) before it fails UNAVAILABLE. ``lease_ttl_seconds`` is how long
     the job's lease in Redis outlives its last renewal: a service of the job that died on another machine is
-    replaced at most this long after (see job_lease). ``snapshot_every_records``: with a Redis journal, the ledger is
-    snapshotted every this many journal records and the records the snapshot includes are dropped, so recovery
-    replays at most about this many records (0: never; the whole journal is replayed)."""
+    replaced at most this long after (see job_lease). ``unreported_unit_ttl_seconds`` is how long a reservation of
+    units outlives its trajectory's missing report: then its units are deleted (a rollout that died between
+    writing and reporting; see expiry). ``schema`` is the trajectory schema every report is held to
+    (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it.
+    ``retain_steps`` and ``retain_until_checkpoint`` keep the units of mini-batches every consumer stepped on for
+    a job restored from a checkpoint (see retention)."""
 
     engine: EngineConfig
     topology: Topology
@@ -31,6 +36,7 @@ class AdmissionServiceSettings:
     state: str = "memory"
     store: str = ""
     label_fields: tuple[str, ...] = ("input_ids",)
+    schema: TrajectorySchema | None = None
     initial_version: int = 0
     max_report_batch: int = 10_000
     delete_batch_size: int = 1024
@@ -38,6 +44,9 @@ class AdmissionServiceSettings:
     mutation_wait_seconds: float = 10.0
     lease_ttl_seconds: float = 20.0
     snapshot_every_records: int = 1000
+    unreported_unit_ttl_seconds: float = 600.0
+    retain_steps: int = 0
+    retain_until_checkpoint: bool = False
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
 
     def __post_init__(self) -> None:
@@ -51,7 +60,19 @@ class AdmissionServiceSettings:
         for name in ("redis_timeout_seconds", "mutation_wait_seconds", "lease_ttl_seconds"):
             if not 0 < getattr(self, name) <= 3600:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)
+        if not 0 < self.unreported_unit_ttl_seconds <= 7 * 86400:
+            raise InvalidArgument("must be in (0, 604800] seconds", field="unreported_unit_ttl_seconds")
+        _ = self.retention  # validates retain_steps and retain_until_checkpoint
         if not 0 <= self.snapshot_every_records <= 1_000_000_000:
             raise InvalidArgument("must be in [0, 1000000000] (0: no snapshots)", field="snapshot_every_records")
         if not self.label_fields:
             raise InvalidArgument("name at least one field that labels come from", field="label_fields")
+        if self.schema is not None:
+            try:
+                self.schema.check_label_fields(self.label_fields)
+            except InvalidArgument as exc:
+                raise InvalidArgument(exc.message, field=f"schema.{exc.field}") from exc
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(retain_steps=self.retain_steps, retain_until_checkpoint=self.retain_until_checkpoint)

@@ -173,6 +173,8 @@ class TrajectoryColumns:
     scalar_names: list[str]
     scalar_values: np.ndarray  # float64
     messages: Sequence[trajectory_pb2.TrajectoryMetadata] | None = None
+    # Per trajectory: its TrajectoryValues message (None where it has none); None when no trajectory has any.
+    values: Sequence[trajectory_pb2.TrajectoryValues | None] | None = None
     # The plain columns the service reads by name (views of ``plain``).
     trajectory_ids: Sequence[str] = field(init=False)
     sample_ids: Sequence[str] = field(init=False)
@@ -226,6 +228,7 @@ class TrajectoryColumns:
             scalar_names=lists.scalar_names,
             scalar_values=np.array(lists.scalar_values, dtype=np.float64),
             messages=tuple(messages),
+            values=tuple(lists.values) if any(v is not None for v in lists.values) else None,
         )
 
     @staticmethod
@@ -257,6 +260,10 @@ class TrajectoryColumns:
         encoder_indices = _indices(batch.multimodal_encoders, len(batch.encoders), "multimodal_encoders", "encoders")
         has_header = _column(batch.multimodal_has_header, bool)
         scalar_names = list(batch.scalar_names)
+        values = None
+        if len(batch.values):
+            _check_length("values", batch.values, n, "one per trajectory, or none")
+            values = tuple(v if v.int_scalars or v.bool_scalars or v.metadata else None for v in batch.values)
         columns = TrajectoryColumns(
             plain={spec.column: tuple(getattr(batch, spec.column)) if spec.dtype == "str"
                    else _column(getattr(batch, spec.column), spec.dtype) for spec in TRAJECTORY_COLUMNS},
@@ -286,6 +293,7 @@ class TrajectoryColumns:
             scalar_offsets=scalar_offsets,
             scalar_names=scalar_names,
             scalar_values=_column(batch.scalar_values, np.float64),
+            values=values if values is not None and any(v is not None for v in values) else None,
         )
         if scalar_names:
             columns._check_scalar_names()
@@ -371,7 +379,9 @@ class TrajectoryColumns:
                     ref["header"] = self.multimodal_headers.fields(header_index[k])
                 multimodal.append(ref)
         c0, c1 = p["scalar_offsets"][i], p["scalar_offsets"][i + 1]
+        values = self.values[i] if self.values is not None else None
         return {
+            **({"values": values} if values is not None else {}),
             **{name: column[i] for name, column in zip(TRAJECTORY_FIELDS, self._plain_python, strict=True)},
             "segments": [{"version": versions[k], "num_tokens": lengths[k]} for k in range(s0, s1)],
             "units": [
@@ -440,7 +450,17 @@ class TrajectoryColumns:
             scalar_counts=np.diff(self.scalar_offsets)[rows].tolist(),
             scalar_names=[self.scalar_names[k] for k in scalar_list],
             scalar_values=self.scalar_values[scalars].tolist(),
+            values=self._values_column(row_list),
         )
+
+    def values_of(self, i: int) -> trajectory_pb2.TrajectoryValues | None:
+        """Trajectory i's values (None: it has none)."""
+        return None if self.values is None else self.values[i]
+
+    def _values_column(self, rows: list[int]) -> list[trajectory_pb2.TrajectoryValues]:
+        if self.values is None or all(self.values[i] is None for i in rows):
+            return []
+        return [self.values[i] or trajectory_pb2.TrajectoryValues() for i in rows]
 
 
 _PLAIN_COLUMN_NAMES = tuple(spec.column for spec in TRAJECTORY_COLUMNS)

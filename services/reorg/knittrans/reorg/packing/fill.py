@@ -28,6 +28,7 @@ from knittrans.tensor_names import (
     SCALAR_PRESENT_PREFIX,
     SEQ_LENGTHS,
 )
+from knittrans.types import DType
 
 
 def _chunk_tokens(item: ItemAssignment) -> int:
@@ -121,11 +122,14 @@ def fill_backbone(
     padded = np.array([item.padded_tokens for item in mb.items], dtype=np.int64)
     views[CU_SEQLENS_GLOBAL][:] = np.concatenate([[0], np.cumsum(padded)]).astype(np.int32)
     views[SEQ_LENGTHS][:] = np.array([item.trajectory.num_tokens for item in mb.items], dtype=np.int32)
-    scalars = [dict(item.trajectory.scalars) for item in mb.items]
+    # Every kind of scalar of an item, by name; ingest keeps a name to one kind.
+    scalars = [{**dict(item.trajectory.scalars), **dict(item.trajectory.values.int_scalars),
+                **dict(item.trajectory.values.bool_scalars)} for item in mb.items]
     for spec in layout.tensors:
         if spec.name.startswith(SCALAR_PREFIX):
             name = spec.name[len(SCALAR_PREFIX) :]
-            views[spec.name][:] = [values.get(name, np.nan) for values in scalars]
+            missing = np.nan if spec.dtype is DType.FLOAT64 else 0
+            views[spec.name][:] = [values.get(name, missing) for values in scalars]
             views[f"{SCALAR_PRESENT_PREFIX}{name}"][:] = [name in values for values in scalars]
 
 

@@ -30,6 +30,7 @@ from knittrans.tensor_names import (
     SEQ_LENGTHS,
 )
 from knittrans.types import ByteRange, DType, FieldAlignment, UnitKey, UnitKind, UnitRef
+from knittrans.values import ScalarKind
 
 ENCODER_INPUTS = "inputs"
 
@@ -208,9 +209,23 @@ def _non_sequence_fields(mb: MicroBatchAssignment) -> dict[str, list[UnitRef]]:
     return fields
 
 
-def _scalar_names(mb: MicroBatchAssignment) -> tuple[str, ...]:
-    """Every scalar any item has, sorted (an item without one gets NaN and a 0 in its presence mask)."""
-    return tuple(sorted({name for item in mb.items for name, _ in item.trajectory.scalars}))
+_SCALAR_DTYPES = {ScalarKind.FLOAT: DType.FLOAT64, ScalarKind.INT: DType.INT64, ScalarKind.BOOL: DType.BOOL}
+
+
+def scalar_kinds(mb: MicroBatchAssignment) -> dict[str, ScalarKind]:
+    """Every scalar any item has, sorted, with its kind (an item without one gets NaN, 0 or false, and a 0 in its
+    presence mask). Ingest keeps a name to one kind per job."""
+    kinds: dict[str, ScalarKind] = {}
+    for i, item in enumerate(mb.items):
+        trajectory = item.trajectory
+        for names, kind in (((name for name, _ in trajectory.scalars), ScalarKind.FLOAT),
+                            ((name for name, _ in trajectory.values.int_scalars), ScalarKind.INT),
+                            ((name for name, _ in trajectory.values.bool_scalars), ScalarKind.BOOL)):
+            for name in names:
+                if kinds.setdefault(name, kind) is not kind:
+                    raise InvalidArgument(f"scalar {name!r} is {kind} here, {kinds[name]} in an earlier item",
+                                          field=f"items[{i}].trajectory.values")
+    return dict(sorted(kinds.items()))
 
 
 def label_tensor_name(field_name: str, settings: PackSettings) -> str:
@@ -235,7 +250,7 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
 
     token_fields = _token_fields(mb, settings)
     non_sequence = _non_sequence_fields(mb)
-    scalars = _scalar_names(mb)
+    scalars = scalar_kinds(mb)
     field_names = {f.name for f in token_fields} | set(non_sequence)
     clash = field_names & GENERATED_NAMES
     if clash:
@@ -265,8 +280,8 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
             non_sequence_specs[name] = [
                 alloc.add(f"{name}.{i}", u.header.dtype, u.header.shape) for i, u in enumerate(units)
             ]
-    for name in scalars:
-        alloc.add(f"{SCALAR_PREFIX}{name}", DType.FLOAT64, (n,))
+    for name, kind in scalars.items():
+        alloc.add(f"{SCALAR_PREFIX}{name}", _SCALAR_DTYPES[kind], (n,))
         alloc.add(f"{SCALAR_PRESENT_PREFIX}{name}", DType.UINT8, (n,))
 
     reads: list[ReadPlacement] = []

@@ -21,10 +21,13 @@ def check_reservations(request: admission_service_pb2.ReserveUnitsRequest, index
         keys = [UnitKey(key) for key in reservation.multimodal_keys]
         check_id(trajectory_id, f"{where}.trajectory_id")
         check_id(sample_id, f"{where}.sample_id")
-        if not keys:
-            raise InvalidArgument("reserves nothing", field=f"{where}.multimodal_keys")
-        for k, key in enumerate(keys):
-            check_id(key, f"{where}.multimodal_keys[{k}]")
+        if not keys and not reservation.unit_keys:
+            raise InvalidArgument("reserves nothing", field=f"{where}.unit_keys")
+        for name, listed in (("multimodal_keys", keys), ("unit_keys", reservation.unit_keys)):
+            for k, key in enumerate(listed):
+                check_id(key, f"{where}.{name}[{k}]")
+        if set(keys) & set(reservation.unit_keys):
+            raise InvalidArgument("names a multimodal key as one of its own units", field=f"{where}.unit_keys")
         if trial.reservation(trajectory_id) is not None:
             raise InvalidArgument("appears twice in one request", field=f"{where}.trajectory_id")
         for held in (trial, index):

@@ -293,6 +293,8 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
     with_header = columns.multimodal_header_index >= 0
     if with_header.any():
         flag_parts(refs[with_header], _header_flags(columns.multimodal_headers)[0])
+    if columns.values is not None:  # typed values: their rules (JSON, sizes, names) run in the exact check
+        flagged |= np.fromiter((v is not None for v in columns.values), dtype=bool, count=n)
     return flagged
 
 

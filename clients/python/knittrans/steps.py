@@ -1,0 +1,27 @@
+"""The identity of an optimizer step (DESIGN.md §9): which mini-batch of which train batch, trained at which
+policy version. A trainer that restored a checkpoint knows from it which steps it already applied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from knittrans.errors import InvalidArgument
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class StepId:
+    """One optimizer step: mini-batch ``minibatch_index`` of train batch ``train_batch_index``, trained at
+    policy version ``train_version``. Steps order by (train batch, mini-batch)."""
+
+    train_batch_index: int
+    minibatch_index: int
+    train_version: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("train_batch_index", "minibatch_index", "train_version"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument(f"must be a non-negative integer, got {value!r}", field=name)
+
+    def __str__(self) -> str:
+        return f"train batch {self.train_batch_index}, mini-batch {self.minibatch_index} (v{self.train_version})"

@@ -1,0 +1,87 @@
+"""A trainer rank's checkpoints and its append-only history of applied steps, for the chaos run.
+
+After each optimizer step a rank appends a ``step`` event to ``applied-rank<r>.jsonl`` (the oracle's record of
+what it trained), then saves its model, optimizer and the step's sequence to ``checkpoints/rank<r>-seq<s>.pt``
+(written aside and renamed, so a kill -9 never leaves half a checkpoint). In that order: a kill between the two
+leaves a step event newer than the checkpoint, which the next start's ``restore`` event voids, and the step is
+redone. The last two checkpoints are kept: a kill during a step can leave the ranks one step apart, and they
+restart together from the newest step all of them hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+KEEP_CHECKPOINTS = 2
+_NAME = re.compile(r"^rank(\d+)-seq(\d+)\.pt$")
+
+
+class RankHistory:
+    """One rank's checkpoints and applied-step log under the run's output directory."""
+
+    def __init__(self, out: Path, rank: int) -> None:
+        self.rank = rank
+        self.directory = out / "checkpoints"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._log: TextIO = open(out / f"applied-rank{rank}.jsonl", "a")
+
+    def sequences(self) -> list[int]:
+        found = []
+        for path in self.directory.iterdir():
+            match = _NAME.match(path.name)
+            if match and int(match.group(1)) == self.rank:
+                found.append(int(match.group(2)))
+        return sorted(found)
+
+    def restore(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, distributed: bool
+    ) -> tuple[int | None, int]:
+        """Load the newest checkpoint every rank holds (a collective when ``distributed``); log a restore event.
+        Returns (the restored step's sequence or None for a fresh start, the number of steps applied)."""
+        held = self.sequences()
+        newest = torch.tensor([held[-1] if held else -1], dtype=torch.int64)
+        if distributed:
+            dist.all_reduce(newest, op=dist.ReduceOp.MIN)
+        sequence = int(newest.item())
+        applied = 0
+        if sequence >= 0:
+            state = torch.load(self.directory / f"rank{self.rank}-seq{sequence}.pt", weights_only=False)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            applied = state["applied"]
+        restored = sequence if sequence >= 0 else None
+        self.append({"event": "restore", "rank": self.rank, "sequence": restored, "applied": applied})
+        return restored, applied
+
+    def append(self, event: dict[str, Any]) -> None:
+        self._log.write(json.dumps(event) + "\n")
+        self._log.flush()
+
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sequence: int, applied: int) -> None:
+        path = self.directory / f"rank{self.rank}-seq{sequence}.pt"
+        partial = path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sequence": sequence,
+                    "applied": applied}, partial)
+        os.replace(partial, path)
+        for old in self.sequences()[:-KEEP_CHECKPOINTS]:
+            (self.directory / f"rank{self.rank}-seq{old}.pt").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._log.close()
+
+
+def any_rank_failed(mini: Any, encoder_mini: Any) -> bool:
+    """Whether any rank's mini-batch came as a typed error (a unit it cannot read); a collective, so that every
+    rank skips the step together rather than some waiting in its collectives for ranks that gave up."""
+    failed = mini.descriptor.failure is not None or (encoder_mini is not None
+                                                     and encoder_mini.descriptor.failure is not None)
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())

@@ -1,0 +1,162 @@
+"""The serialised assignment messages of one admitted mini-batch, built once and shared by its streams.
+
+A backbone consumer's message is its DP rank's (``RankAssignment``), the same bytes for every CP rank of it; an
+encoder consumer's is its own. The first stream that asks for a mini-batch starts one build of every planned
+message, encoders first (backbone consumers wait on their encodings), then DP rank after DP rank; each message
+is handed to its streams as soon as it is serialised, and the bytes go out as they are (the server boundary
+passes ``bytes`` through its serializer). Nothing here repeats the admitted trajectory ids: a stream that asks
+for them (``include_trajectory_ids``) gets them added to its own copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from knittrans.admission.service.assignments import MiniBatchDispatch
+from knittrans.admission.service.ledger import AdmittedMiniBatch
+from knittrans.types import BACKBONE_ROLE, ConsumerId, Topology
+from knittrans.v1 import admission_pb2, plan_pb2
+from knittrans.v1 import admission_service_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+def message_key(consumer: ConsumerId) -> ConsumerId:
+    """Whose message ``consumer``'s stream carries: a backbone consumer's DP rank's, an encoder consumer's own."""
+    if consumer.encoder_name is None:
+        return ConsumerId(role=BACKBONE_ROLE, dp_rank=consumer.dp_rank)
+    return consumer
+
+
+def planned_keys(topology: Topology) -> list[ConsumerId]:
+    """Every message of a mini-batch, in build order: encoder consumers first, then backbone DP ranks."""
+    keys = [ConsumerId(role=f"encoder:{e.name}", dp_rank=d) for e in topology.encoders for d in range(e.dp)]
+    keys.extend(ConsumerId(role=BACKBONE_ROLE, dp_rank=d) for d in range(topology.backbone.dp))
+    return keys
+
+
+def assignment_bytes(
+    minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, admission: admission_pb2.MiniBatchAdmission,
+    key: ConsumerId,
+) -> bytes:
+    """The serialised ``WatchAssignmentsResponse`` of message ``key`` (see :func:`message_key`)."""
+    response = pb.WatchAssignmentsResponse(sequence=minibatch.sequence, admission=admission,
+                                           global_loss_tokens=dispatch.minibatch_loss_tokens)
+    if key.encoder_name is None:
+        response.rank_assignment.CopyFrom(_rank_message(dispatch, key.dp_rank))
+    else:
+        response.assignment.CopyFrom(dispatch.assignment(key))
+    return response.SerializeToString()
+
+
+def _rank_message(dispatch: MiniBatchDispatch, dp_rank: int) -> plan_pb2.RankAssignment:
+    return plan_pb2.RankAssignment(**dispatch.rank_fields(dp_rank))
+
+
+def with_trajectory_ids(data: bytes, minibatch: AdmittedMiniBatch) -> pb.WatchAssignmentsResponse:
+    """A stream's copy of a message with every admitted trajectory id in its admission."""
+    response = pb.WatchAssignmentsResponse.FromString(data)
+    response.admission.trajectory_ids.extend(minibatch.admission.trajectory_ids)
+    return response
+
+
+class MiniBatchMessages:
+    """Every planned message of one mini-batch, as futures its streams await (see the module docstring)."""
+
+    def __init__(self, minibatch: AdmittedMiniBatch, topology: Topology) -> None:
+        self._keys = planned_keys(topology)
+        self._futures: dict[ConsumerId, asyncio.Future[bytes]] = {}
+        admission = admission_pb2.MiniBatchAdmission()
+        admission.CopyFrom(minibatch.admission)
+        admission.ClearField("trajectory_ids")
+        self._admission = admission
+
+    async def get(
+        self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, key: ConsumerId, builder: Executor | None
+    ) -> bytes:
+        """Message ``key``'s bytes; the first call starts the build of all of them (on ``builder``, or on the
+        loop when it is None)."""
+        if not self._futures:
+            self._start(minibatch, dispatch, builder)
+        future = self._futures.get(key)
+        if future is None:  # not a planned message (cannot happen for a checked consumer): build it alone
+            return assignment_bytes(minibatch, dispatch, self._admission, key)
+        # Shielded: a stream that goes away must not cancel the message its DP rank's other streams wait for.
+        return await asyncio.shield(future)
+
+    def _start(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, builder: Executor | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._futures = {key: loop.create_future() for key in self._keys}
+        if builder is None:
+            _build_all(minibatch, dispatch, self._admission, self._keys, _setter(self._futures, None))
+            return
+        # The build holds the dispatch only while it runs; the futures then hold nothing but bytes.
+        builder.submit(_build_all, minibatch, dispatch, self._admission, self._keys, _setter(self._futures, loop))
+
+
+def _setter(
+    futures: dict[ConsumerId, asyncio.Future[bytes]], loop: asyncio.AbstractEventLoop | None
+) -> Callable[[ConsumerId, bytes | None, BaseException | None], None]:
+    def settle(future: asyncio.Future[bytes], data: bytes | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(data)  # type: ignore[arg-type]
+
+    def publish(key: ConsumerId, data: bytes | None, error: BaseException | None) -> None:
+        future = futures[key]
+        if loop is None:
+            settle(future, data, error)
+        else:
+            loop.call_soon_threadsafe(settle, future, data, error)
+
+    return publish
+
+
+def _build_all(
+    minibatch: AdmittedMiniBatch,
+    dispatch: MiniBatchDispatch,
+    admission: admission_pb2.MiniBatchAdmission,
+    keys: list[ConsumerId],
+    publish: Callable[[ConsumerId, bytes | None, BaseException | None], None],
+) -> None:
+    for i, key in enumerate(keys):
+        try:
+            data = assignment_bytes(minibatch, dispatch, admission, key)
+        except Exception as error:  # every stream that waits reports it; a later mini-batch is built anew
+            logger.exception("building mini-batch %d's assignment for %s failed", minibatch.sequence, key)
+            for rest in keys[i:]:
+                publish(rest, None, error)
+            return
+        publish(key, data, None)
+    dispatch.release_views()
+
+
+class AssignmentMessages:
+    """The messages of every live mini-batch: kept with its dispatch (until the mini-batch is released), built on
+    ``builder`` off the event loop unless the mini-batch is small (a hand-off to the builder thread costs more
+    than such a build, and report-to-assignment latency is what consumers wait on)."""
+
+    def __init__(self, builder: Executor, *, inline_trajectories: int) -> None:
+        self._builder = builder
+        self._inline_trajectories = inline_trajectories
+        self._messages: weakref.WeakKeyDictionary[MiniBatchDispatch, MiniBatchMessages] = weakref.WeakKeyDictionary()
+
+    async def response(
+        self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, consumer: ConsumerId, *,
+        include_trajectory_ids: bool = False,
+    ) -> bytes | pb.WatchAssignmentsResponse:
+        """What ``consumer``'s stream sends for ``minibatch``: the shared bytes, or (asked for the trajectory ids)
+        its own message."""
+        messages = self._messages.get(dispatch)
+        if messages is None:
+            messages = self._messages[dispatch] = MiniBatchMessages(minibatch, dispatch.topology)
+        inline = len(minibatch.trajectory_ids) <= self._inline_trajectories
+        data = await messages.get(minibatch, dispatch, message_key(consumer), None if inline else self._builder)
+        return with_trajectory_ids(data, minibatch) if include_trajectory_ids else data

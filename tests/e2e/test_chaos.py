@@ -1,0 +1,50 @@
+"""`knittrans demo --chaos SEED`, short: the documented commands run verbatim and pass, with faults injected.
+
+The run's own oracle (knittrans.demo.chaos.oracle, unit-tested in tests/unit/demo/test_chaos_oracle.py) judges it
+from the clients' logs; this test also checks from outside that nothing the run started is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from knittrans.shm import list_segments
+from tests.doc_blocks import ROOT, bash_blocks, commands
+from tests.live_processes import running_with
+
+CHAOS_COMMANDS = [c for b in bash_blocks(ROOT / "docs" / "failures.md") for c in commands(b) if "--chaos" in c]
+
+
+def test_the_failures_doc_shows_chaos_commands() -> None:
+    assert len(CHAOS_COMMANDS) >= 2
+    assert all(c.startswith("knittrans demo ") for c in CHAOS_COMMANDS)
+
+
+@pytest.mark.parametrize("command", CHAOS_COMMANDS)
+def test_chaos_run_passes_with_faults_injected(tmp_path: Path, command: str) -> None:
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(shlex.split(command), cwd=tmp_path, env=environment, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    *summary_lines, line = result.stdout.strip().splitlines()
+    summary = json.loads("\n".join(summary_lines))
+    assert line.startswith(f"chaos seed {summary['seed']}: PASSED")
+    assert summary["passed"] and summary["faults_injected"] >= 1
+    checks = summary["checks"]
+    for name in ("trained_exactly_once", "no_partial_step", "quotas_held", "finished", "nothing_left_behind"):
+        assert checks[name], checks
+    assert checks["details"]["trained"] == checks["details"]["acked"] == 64  # 4 train batches of 16
+    out = Path(summary["out"])
+    assert json.loads((out / "chaos-report.json").read_text()) == summary
+    assert running_with(str(out)) == []
+    assert list_segments(f"knittrans-{summary['job']}") == []
+    assert not Path(f"/tmp/knittrans-{summary['job']}").exists()

@@ -1,0 +1,66 @@
+"""A trainer job restored from a checkpoint gets the mini-batches after the checkpoint's step again: the same
+trajectories, in the same order, with the same bytes (DESIGN.md §9, docs/failures.md). Real processes: the
+admission service with ``retain_until_checkpoint``, a sidecar on a file store and ``trainer_worker.py`` ranks.
+
+Run 1 trains, reports a checkpoint after step (train batch 0, mini-batch 1), trains on, and is killed with
+SIGKILL in the middle of a later mini-batch. Run 2 restores step (0, 1). The oracle is run 1's own record of
+what it received (per micro-batch: trajectory ids and a CRC of every field of every item) and what the rollout
+wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from knittrans.client.admission import AdmissionClient
+
+from .processes import start_trainer
+from .restart_stack import Stack, check_whole_steps, finish, lines, start_stack, wait_for
+
+PER_BATCH = 2  # mini-batches per train batch, of 2 trajectories (2 micro-batches) each
+MINIBATCHES = 6
+
+
+@pytest.fixture
+def stack(tmp_path) -> Iterator[Stack]:
+    stack = start_stack(tmp_path, tp=1, num_minibatches=PER_BATCH, train_batch_size=4, minibatches=MINIBATCHES,
+                        admission_config={"retain_until_checkpoint": True})
+    yield stack
+    stack.sidecar.stop()
+    stack.admission.stop()
+
+
+def test_a_job_restored_from_a_checkpoint_gets_the_same_minibatches_after_it_byte_for_byte(stack: Stack) -> None:
+    progress = stack.directory / "run1.progress"
+    first, _ = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0, admission=stack.address,
+                             minibatches=MINIBATCHES, name="run1",
+                             extra=("--progress", str(progress), "--checkpoint-at", "2", "--hold-at", "0",
+                                    "--hold-sequence", "5"))
+    wait_for("run 1 to hold mini-batch 5", lambda: any(x["event"] == "holding" for x in lines(progress)), [first])
+    with AdmissionClient(stack.address, deadline=timedelta(seconds=10)) as admission:
+        # Mini-batches 3 and 4 were stepped on after the checkpoint: retained; 1 and 2 are covered: released.
+        assert admission.status().released_minibatches == 2
+    first.kill()
+    seen = {}
+    for line in lines(progress):
+        if line["event"] == "micro":
+            seen.setdefault(line["sequence"], []).append(line["micro"])
+    assert sorted(seen) == [1, 2, 3, 4, 5] and len(seen[5]) == 1
+
+    second, output = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0,
+                                   admission=stack.address, minibatches=4, name="run2",
+                                   extra=("--restored-step", "0:1", "--record-admitted"))
+    result = finish(second, output)
+    assert "error" not in result, result
+    steps = result["minibatches"]
+    assert [s["sequence"] for s in steps] == [3, 4, 5, 6]
+    assert [tuple(s["step"][:2]) for s in steps] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    check_whole_steps(stack, result, trajectories=2, min_microbatches=2)
+    for step in steps:
+        if step["sequence"] in (3, 4):
+            assert step["microbatches"] == seen[step["sequence"]], step["sequence"]  # byte for byte, in order
+    assert steps[2]["microbatches"][:1] == seen[5]
+    assert stack.sidecar.alive(), stack.sidecar.tail()
