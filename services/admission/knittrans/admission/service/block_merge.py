@@ -127,6 +127,7 @@ def merge_rows(parts: Sequence[tuple[TrajectoryColumns, Sequence[int]]]) -> Traj
         else:
             plain[spec.column] = _concat([g[0].plain[spec.column][g[1]] for g in gathered], spec.dtype)
     has_header = _concat([h >= 0 for *_, h, _, _, _ in gathered], bool)
+    values = [None if g[0].values is None else g[0].values[i] for g in gathered for i in g[1].tolist()]
     return TrajectoryColumns(
         plain=plain,
         segment_offsets=counts("segment_offsets"),
@@ -154,4 +155,5 @@ def merge_rows(parts: Sequence[tuple[TrajectoryColumns, Sequence[int]]]) -> Traj
         scalar_offsets=counts("scalar_offsets"),
         scalar_names=list(chain.from_iterable(_pick(g[0].scalar_names, g[6]) for g in gathered)),
         scalar_values=cat("scalar_values", 6, np.float64),
+        values=tuple(values) if any(v is not None for v in values) else None,
     )
