@@ -2,6 +2,7 @@ from knittrans.v1 import admission_pb2 as _admission_pb2
 from knittrans.v1 import admission_service_pb2 as _admission_service_pb2
 from knittrans.v1 import topology_pb2 as _topology_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -9,8 +10,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ScalarValueKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCALAR_VALUE_KIND_UNSPECIFIED: _ClassVar[ScalarValueKind]
+    SCALAR_VALUE_KIND_FLOAT: _ClassVar[ScalarValueKind]
+    SCALAR_VALUE_KIND_INT: _ClassVar[ScalarValueKind]
+    SCALAR_VALUE_KIND_BOOL: _ClassVar[ScalarValueKind]
+
+class MetadataValueKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    METADATA_VALUE_KIND_UNSPECIFIED: _ClassVar[MetadataValueKind]
+    METADATA_VALUE_KIND_STR: _ClassVar[MetadataValueKind]
+    METADATA_VALUE_KIND_BYTES: _ClassVar[MetadataValueKind]
+    METADATA_VALUE_KIND_JSON: _ClassVar[MetadataValueKind]
+SCALAR_VALUE_KIND_UNSPECIFIED: ScalarValueKind
+SCALAR_VALUE_KIND_FLOAT: ScalarValueKind
+SCALAR_VALUE_KIND_INT: ScalarValueKind
+SCALAR_VALUE_KIND_BOOL: ScalarValueKind
+METADATA_VALUE_KIND_UNSPECIFIED: MetadataValueKind
+METADATA_VALUE_KIND_STR: MetadataValueKind
+METADATA_VALUE_KIND_BYTES: MetadataValueKind
+METADATA_VALUE_KIND_JSON: MetadataValueKind
+
 class AdmissionSnapshot(_message.Message):
-    __slots__ = ("sequence", "version", "engine", "live_reports", "fingerprint_chunks", "fingerprint_count", "fingerprint_size", "media", "reservations", "minibatches", "next_sequence", "acknowledged", "scheduled_requests", "scheduled", "pending_deletes", "last_wait", "admitted_total", "dropped_stale", "released_minibatches", "quota_violations", "schema", "failure_keys", "recent_failures", "failed_verdicts", "consumers", "sources")
+    __slots__ = ("sequence", "version", "engine", "live_reports", "fingerprint_chunks", "fingerprint_count", "fingerprint_size", "media", "reservations", "minibatches", "next_sequence", "acknowledged", "scheduled_requests", "scheduled", "pending_deletes", "last_wait", "admitted_total", "dropped_stale", "released_minibatches", "quota_violations", "schema", "failure_keys", "recent_failures", "failed_verdicts", "consumers", "sources", "checkpoint", "expiring_reservations")
     class ScheduledEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +74,8 @@ class AdmissionSnapshot(_message.Message):
     FAILED_VERDICTS_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRING_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     version: int
     engine: EngineSnapshot
@@ -71,13 +96,33 @@ class AdmissionSnapshot(_message.Message):
     dropped_stale: int
     released_minibatches: int
     quota_violations: int
-    schema: _containers.RepeatedCompositeFieldContainer[FieldSchemaEntry]
+    schema: JobSchemaSnapshot
     failure_keys: _containers.RepeatedCompositeFieldContainer[ConsumerFailureKey]
     recent_failures: _containers.RepeatedCompositeFieldContainer[_admission_service_pb2.ConsumerFailure]
     failed_verdicts: _containers.MessageMap[int, _admission_service_pb2.ConsumerFailure]
     consumers: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
     sources: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[int] = ..., engine: _Optional[_Union[EngineSnapshot, _Mapping]] = ..., live_reports: _Optional[_Iterable[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]]] = ..., fingerprint_chunks: _Optional[int] = ..., fingerprint_count: _Optional[int] = ..., fingerprint_size: _Optional[int] = ..., media: _Optional[_Iterable[_Union[MediaSignature, _Mapping]]] = ..., reservations: _Optional[_Iterable[_Union[_admission_service_pb2.UnitReservation, _Mapping]]] = ..., minibatches: _Optional[_Iterable[_Union[AdmittedMiniBatchSnapshot, _Mapping]]] = ..., next_sequence: _Optional[int] = ..., acknowledged: _Optional[_Iterable[_Union[ConsumerPosition, _Mapping]]] = ..., scheduled_requests: _Optional[_Iterable[str]] = ..., scheduled: _Optional[_Mapping[int, int]] = ..., pending_deletes: _Optional[_Iterable[str]] = ..., last_wait: _Optional[_Union[TimedWait, _Mapping]] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ..., quota_violations: _Optional[int] = ..., schema: _Optional[_Iterable[_Union[FieldSchemaEntry, _Mapping]]] = ..., failure_keys: _Optional[_Iterable[_Union[ConsumerFailureKey, _Mapping]]] = ..., recent_failures: _Optional[_Iterable[_Union[_admission_service_pb2.ConsumerFailure, _Mapping]]] = ..., failed_verdicts: _Optional[_Mapping[int, _admission_service_pb2.ConsumerFailure]] = ..., consumers: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., sources: _Optional[_Iterable[str]] = ...) -> None: ...
+    checkpoint: StepIndex
+    expiring_reservations: _containers.RepeatedCompositeFieldContainer[ExpiringReservation]
+    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[int] = ..., engine: _Optional[_Union[EngineSnapshot, _Mapping]] = ..., live_reports: _Optional[_Iterable[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]]] = ..., fingerprint_chunks: _Optional[int] = ..., fingerprint_count: _Optional[int] = ..., fingerprint_size: _Optional[int] = ..., media: _Optional[_Iterable[_Union[MediaSignature, _Mapping]]] = ..., reservations: _Optional[_Iterable[_Union[_admission_service_pb2.UnitReservation, _Mapping]]] = ..., minibatches: _Optional[_Iterable[_Union[AdmittedMiniBatchSnapshot, _Mapping]]] = ..., next_sequence: _Optional[int] = ..., acknowledged: _Optional[_Iterable[_Union[ConsumerPosition, _Mapping]]] = ..., scheduled_requests: _Optional[_Iterable[str]] = ..., scheduled: _Optional[_Mapping[int, int]] = ..., pending_deletes: _Optional[_Iterable[str]] = ..., last_wait: _Optional[_Union[TimedWait, _Mapping]] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ..., quota_violations: _Optional[int] = ..., schema: _Optional[_Union[JobSchemaSnapshot, _Mapping]] = ..., failure_keys: _Optional[_Iterable[_Union[ConsumerFailureKey, _Mapping]]] = ..., recent_failures: _Optional[_Iterable[_Union[_admission_service_pb2.ConsumerFailure, _Mapping]]] = ..., failed_verdicts: _Optional[_Mapping[int, _admission_service_pb2.ConsumerFailure]] = ..., consumers: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., sources: _Optional[_Iterable[str]] = ..., checkpoint: _Optional[_Union[StepIndex, _Mapping]] = ..., expiring_reservations: _Optional[_Iterable[_Union[ExpiringReservation, _Mapping]]] = ...) -> None: ...
+
+class StepIndex(_message.Message):
+    __slots__ = ("train_batch_index", "minibatch_index")
+    TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    train_batch_index: int
+    minibatch_index: int
+    def __init__(self, train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
+
+class ExpiringReservation(_message.Message):
+    __slots__ = ("trajectory_id", "expires_at", "unit_keys")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    UNIT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    expires_at: float
+    unit_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trajectory_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., unit_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TimedWait(_message.Message):
     __slots__ = ("wait", "since")
@@ -104,18 +149,20 @@ class MediaSignature(_message.Message):
     def __init__(self, key: _Optional[str] = ..., encoder: _Optional[str] = ..., cost: _Optional[float] = ..., placeholder_length: _Optional[int] = ..., kind: _Optional[int] = ..., content_hash: _Optional[str] = ...) -> None: ...
 
 class AdmittedMiniBatchSnapshot(_message.Message):
-    __slots__ = ("sequence", "admission", "owed_steps", "verified", "verdict")
+    __slots__ = ("sequence", "admission", "owed_steps", "verified", "verdict", "released")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     OWED_STEPS_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     admission: _admission_pb2.MiniBatchAdmission
     owed_steps: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
     verified: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
     verdict: _admission_service_pb2.MiniBatchVerdict
-    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., owed_steps: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verified: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verdict: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ...) -> None: ...
+    released: bool
+    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., owed_steps: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verified: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verdict: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class ConsumerPosition(_message.Message):
     __slots__ = ("consumer", "sequence")
@@ -132,6 +179,40 @@ class ConsumerFailureKey(_message.Message):
     consumer: _topology_pb2.ConsumerId
     sequence: int
     def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class JobSchemaSnapshot(_message.Message):
+    __slots__ = ("fields", "scalars", "metadata", "declared")
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    SCALARS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_FIELD_NUMBER: _ClassVar[int]
+    fields: _containers.RepeatedCompositeFieldContainer[FieldSchemaEntry]
+    scalars: _containers.RepeatedCompositeFieldContainer[ScalarRule]
+    metadata: _containers.RepeatedCompositeFieldContainer[MetadataRule]
+    declared: bool
+    def __init__(self, fields: _Optional[_Iterable[_Union[FieldSchemaEntry, _Mapping]]] = ..., scalars: _Optional[_Iterable[_Union[ScalarRule, _Mapping]]] = ..., metadata: _Optional[_Iterable[_Union[MetadataRule, _Mapping]]] = ..., declared: _Optional[bool] = ...) -> None: ...
+
+class ScalarRule(_message.Message):
+    __slots__ = ("name", "kind", "required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: ScalarValueKind
+    required: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ScalarValueKind, str]] = ..., required: _Optional[bool] = ...) -> None: ...
+
+class MetadataRule(_message.Message):
+    __slots__ = ("name", "kind", "max_bytes", "required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: MetadataValueKind
+    max_bytes: int
+    required: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[MetadataValueKind, str]] = ..., max_bytes: _Optional[int] = ..., required: _Optional[bool] = ...) -> None: ...
 
 class FieldSchemaEntry(_message.Message):
     __slots__ = ("name", "kind", "dtype", "has_trailing_shape", "trailing_shape")

@@ -13,7 +13,7 @@ and when its reservation lapses. A report takes the reservation over, and then n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from knittrans.types import TrajectoryId, UnitKey
 
@@ -32,6 +32,10 @@ class ReservationExpiry:
         """Remember a new reservation (expires_at > 0; 0 means it never expires and is not held here)."""
         if expires_at > 0 and trajectory_id not in self._held:
             self._held[trajectory_id] = (expires_at, tuple(dict.fromkeys(unit_keys)))
+
+    def held(self) -> Iterator[tuple[TrajectoryId, tuple[float, tuple[UnitKey, ...]]]]:
+        """Every held reservation, as trajectory -> (expiry, its own unit keys), oldest first (for snapshots)."""
+        return iter(self._held.items())
 
     def unit_keys(self, trajectory_id: TrajectoryId) -> tuple[UnitKey, ...]:
         held = self._held.get(trajectory_id)

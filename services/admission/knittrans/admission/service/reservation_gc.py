@@ -46,14 +46,22 @@ async def collect_expired(
         await asyncio.sleep(interval)
         try:
             async with mutating():
-                now = clock()
-                expired = ledger.expiry.expired(now, limit=ledger.settings.max_report_batch)
-                if not expired:
-                    continue
-                cancelled = pb.CancelReservationsRequest(request_id=f"expired/{now:.6f}", trajectory_ids=expired)
-                await commit(journal_pb2.JournalRecord(at=now, reservations_cancelled=cancelled))
+                expired = await expire_due(ledger=ledger, commit=commit, now=clock())
+            if not expired:
+                continue
             logger.warning("reservations of %d trajectories never reported expired (their rollout died between "
                            "writing and reporting?); deleting their units: %s", len(expired),
                            ", ".join(expired[:5]) + (", ..." if len(expired) > 5 else ""))
         except KnitTransError as error:  # Redis unavailable, say: tried again at the next sweep
             logger.warning("could not journal expired reservations: %s", error)
+
+
+async def expire_due(*, ledger, commit: Callable[[journal_pb2.JournalRecord], Awaitable[object]],
+                     now: float) -> list[str]:
+    """Journal the expiry of the reservations past their time at ``now`` (the caller holds the mutation lock);
+    returns their trajectories."""
+    expired = ledger.expiry.expired(now, limit=ledger.settings.max_report_batch)
+    if expired:
+        cancelled = pb.CancelReservationsRequest(request_id=f"expired/{now:.6f}", trajectory_ids=expired)
+        await commit(journal_pb2.JournalRecord(at=now, reservations_cancelled=cancelled))
+    return expired

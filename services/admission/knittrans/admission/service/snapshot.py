@@ -7,8 +7,10 @@ from a conflict), so recovery no longer replays it.
 
 Live trajectories are kept per applied report, in the form they came in, and restored through the same column
 and index code as a replayed report; what the ledger only derives (row handles, the unit index's entries and
-counts, each report's oldest versions) is rebuilt, not stored. This module reads and sets the ledger's private
-fields: it is the ledger's other half, kept apart so that ledger.py stays readable.
+counts, each report's oldest versions) is rebuilt, not stored. A schema the config declares is the config's (as
+on replay); one the first trajectory fixed, the checkpoint and the expiring reservations come from the snapshot.
+This module reads and sets the ledger's private fields: it is the ledger's other half, kept apart so that
+ledger.py stays readable.
 """
 
 from __future__ import annotations
@@ -29,16 +31,10 @@ from knittrans.admission.engine.image import (
 from knittrans.admission.service.block_merge import SMALL_BLOCK, merge_blocks
 from knittrans.admission.service.ingest.report import check_keys
 from knittrans.admission.service.ingest.rules import oldest_versions
-from knittrans.admission.service.ledger import (
-    _BLOCK_SHIFT,
-    RECENT_FAILURES,
-    AdmissionLedger,
-    AdmittedMiniBatch,
-    Verdict,
-    _Block,
-)
+from knittrans.admission.service.ledger import _BLOCK_SHIFT, RECENT_FAILURES, AdmissionLedger, _Block
 from knittrans.admission.service.records import blocking_from_proto, blocking_to_proto
-from knittrans.admission.service.schema import FieldSchema, JobSchema
+from knittrans.admission.service.retention import AdmittedMiniBatch, Verdict
+from knittrans.admission.service.snapshot_schema import read_schema, write_schema
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition
 from knittrans.types import SampleId, TrajectoryId, UnitKey
@@ -114,17 +110,20 @@ def snapshot_of(ledger: AdmissionLedger, sequence: int, stored: StoredFingerprin
             sequence=minibatch.sequence, admission=minibatch.admission,
             owed_steps=[consumer_to_proto(c) for c in ledger.consumers if c in minibatch.owed_steps],
             verified=[consumer_to_proto(c) for c in ledger.consumers if c in minibatch.verified],
-            verdict=_VERDICT_TO_PROTO[minibatch.verdict],
+            verdict=_VERDICT_TO_PROTO[minibatch.verdict], released=minibatch.released,
         )
     for consumer, position in ledger.acknowledged.items():
         snapshot.acknowledged.add(consumer=consumer_to_proto(consumer), sequence=position)
     if ledger.last_wait is not None:
         _write_wait(snapshot.last_wait, ledger.last_wait)
     if ledger.schema is not None:
-        for name, field in ledger.schema.fields.items():
-            snapshot.schema.add(name=name, kind=field.kind, dtype=field.dtype,
-                                has_trailing_shape=field.trailing_shape is not None,
-                                trailing_shape=field.trailing_shape or ())
+        write_schema(snapshot.schema, ledger.schema)
+    if ledger.checkpoint is not None:  # present even at step (0, 0)
+        train_batch_index, minibatch_index = ledger.checkpoint
+        snapshot.checkpoint.CopyFrom(snapshot_pb2.StepIndex(train_batch_index=train_batch_index,
+                                                            minibatch_index=minibatch_index))
+    for trajectory_id, (expires_at, unit_keys) in ledger.expiry.held():
+        snapshot.expiring_reservations.add(trajectory_id=trajectory_id, expires_at=expires_at, unit_keys=unit_keys)
     for consumer, failed in sorted(ledger.failure_keys, key=lambda key: (key[1], str(key[0]))):
         snapshot.failure_keys.add(consumer=consumer_to_proto(consumer), sequence=failed)
     snapshot.recent_failures.extend(ledger.recent_failures)
@@ -181,7 +180,7 @@ def restore_ledger(ledger: AdmissionLedger, snapshot: snapshot_pb2.AdmissionSnap
             trajectory_ids=tuple(TrajectoryId(t) for t in admission.trajectory_ids),
             owed_steps={consumer_from_proto(c) for c in kept.owed_steps},
             verified={consumer_from_proto(c) for c in kept.verified},
-            verdict=_VERDICT_FROM_PROTO[kept.verdict],
+            verdict=_VERDICT_FROM_PROTO[kept.verdict], released=kept.released,
         )
     ledger.next_sequence = snapshot.next_sequence
     for position in snapshot.acknowledged:
@@ -194,12 +193,12 @@ def restore_ledger(ledger: AdmissionLedger, snapshot: snapshot_pb2.AdmissionSnap
     ledger.dropped_stale = snapshot.dropped_stale
     ledger.released_minibatches = snapshot.released_minibatches
     ledger.quota_violations = snapshot.quota_violations
-    if snapshot.schema:
-        ledger.schema = JobSchema(fields={
-            entry.name: FieldSchema(kind=entry.kind, dtype=entry.dtype,
-                                    trailing_shape=tuple(entry.trailing_shape) if entry.has_trailing_shape else None)
-            for entry in snapshot.schema
-        })
+    if ledger.settings.schema is None:  # a declared schema is the config's, as on replay
+        ledger.schema = read_schema(snapshot.schema) if snapshot.HasField("schema") else None
+    if snapshot.HasField("checkpoint"):
+        ledger.checkpoint = (snapshot.checkpoint.train_batch_index, snapshot.checkpoint.minibatch_index)
+    for held in snapshot.expiring_reservations:
+        ledger.expiry.hold(TrajectoryId(held.trajectory_id), held.expires_at, [UnitKey(k) for k in held.unit_keys])
     ledger.failure_keys = {(consumer_from_proto(key.consumer), key.sequence) for key in snapshot.failure_keys}
     ledger.failed_sequences = {key.sequence for key in snapshot.failure_keys}
     ledger.recent_failures = deque((_copy_failure(f) for f in snapshot.recent_failures), maxlen=RECENT_FAILURES)
