@@ -264,3 +264,88 @@ def test_redis_stalled_around_snapshots_loses_and_duplicates_nothing(tmp_path: P
         assert len(acknowledged) > 8
     finally:
         service.kill()
+
+
+def typed_report(indices: range, turns_kind: str) -> pb.ReportTrajectoriesRequest:
+    messages = []
+    for i in indices:
+        message = trajectory_to_proto(make_meta(i, source="AB"[i % 2]))
+        if turns_kind == "int":
+            message.values.int_scalars["turns"] = i
+        else:
+            message.values.bool_scalars["turns"] = True
+        message.values.metadata["uid"].text = f"u{i}"
+        messages.append(message)
+    return pb.ReportTrajectoriesRequest(trajectories=messages)
+
+
+def wait_for(condition, what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting: {what}")
+        time.sleep(0.1)
+
+
+def test_a_restart_on_a_snapshot_keeps_the_checkpoint_the_expiring_reservations_and_the_schema(
+        tmp_path: Path, redis_server) -> None:
+    """State the journal's dropped records made: the latest checkpoint (and the stepped mini-batches it does not
+    cover yet), a reservation that expires unreported, and the value kinds the first trajectory fixed. After a
+    kill -9 once a snapshot includes every record, the restarted service answers as if it had replayed them."""
+    job = f"snapstate{next(_jobs)}"
+    store_path = tmp_path / "units"
+    config = tmp_path / "admission.yaml"
+    config.write_text(yaml.safe_dump({
+        "job": job, "state": redis_server.url, "store": f"file://{store_path}", "snapshot_every_records": 1,
+        "retain_until_checkpoint": True, "unreported_unit_ttl_seconds": 20.0,
+        "engine": {"train_batch_size": 8, "num_minibatches": 4, "sources": SOURCES},
+        "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 4096}},
+        "server": {"port": 0, "metrics": {"port": -1}},
+    }))
+    store = open_store(f"file://{store_path}")
+    first = typed_report(range(8), "int")  # four mini-batches of two; fixes turns: int, uid: str
+    store.put_many([unit_write(u.key, u.header) for m in first.trajectories
+                    for u in (make_meta(int(m.trajectory_id[1:])).units)])
+    orphan = make_meta(900).units[0]  # written by a rollout that dies before reporting it
+    store.put_many([unit_write(orphan.key, orphan.header)])
+    journal = redis.Redis.from_url(redis_server.url)
+    service = ServiceProcess(config, tmp_path)
+    try:
+        stub = admission_service_pb2_grpc.AdmissionServiceStub(open_channel(
+            ConnectionSettings(target=service.address)))
+        stub.ReportTrajectories(first, timeout=5)
+        for sequence in (1, 2, 3):
+            stub.ReportProgress(pb.ReportProgressRequest(consumer=consumer_to_proto(CONSUMER), sequence=sequence,
+                                                         stage=pb.PROGRESS_STAGE_OPTIMIZER_STEP), timeout=5)
+        checkpoint = stub.ReportCheckpoint(pb.ReportCheckpointRequest(train_batch_index=0, minibatch_index=1),
+                                           timeout=5)
+        assert checkpoint.released_minibatches == 2
+        stub.ReserveUnits(pb.ReserveUnitsRequest(reservations=[pb.UnitReservation(
+            trajectory_id="t900", sample_id="s900", unit_keys=[orphan.key])]), timeout=5)
+        # Every record is in the snapshot (the journal's list is empty): recovery replays nothing.
+        wait_for(lambda: journal.exists(f"knittrans:{job}:journal:snapshot")
+                 and journal.llen(f"knittrans:{job}:journal") == 0, "a snapshot of every record")
+        assert store.exists([orphan.key]) == [True]  # its reservation is held (the TTL is far off)
+    finally:
+        service.kill()
+    service = ServiceProcess(config, tmp_path)
+    try:
+        stub = admission_service_pb2_grpc.AdmissionServiceStub(open_channel(
+            ConnectionSettings(target=service.address)))
+        assert "restored the snapshot" in (tmp_path / "service.log").read_text()
+        earlier = stub.ReportCheckpoint(pb.ReportCheckpointRequest(train_batch_index=0, minibatch_index=0), timeout=5)
+        assert (earlier.checkpoint_train_batch_index, earlier.checkpoint_minibatch_index) == (0, 1)
+        retained = next(stub.WatchAssignments(pb.WatchAssignmentsRequest(
+            consumer=consumer_to_proto(CONSUMER), after_sequence=2, include_trajectory_ids=True), timeout=5))
+        assert retained.sequence == 3  # stepped on, not covered by the checkpoint: still held
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ReportTrajectories(typed_report(range(8, 10), "bool"), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "values.bool_scalars.turns" in refused.value.details()
+        accepted = stub.ReportTrajectories(typed_report(range(10, 12), "int"), timeout=5)
+        assert [r.outcome for r in accepted.results] == [pb.REPORT_OUTCOME_ACCEPTED] * 2
+        # The reservation expires after the restart, and its unit is deleted.
+        wait_for(lambda: store.exists([orphan.key]) == [False], "the unreported unit's deletion")
+    finally:
+        service.kill()
+        journal.close()
