@@ -94,6 +94,9 @@ class Prefetcher:
         # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
         self.session = uuid.uuid4().hex
         self.completed_through = 0  # the training loop finished every mini-batch up to this sequence
+        # Delivery rounds this client learnt of, counted before anything of the new round is staged, so a
+        # mini-batch in a later pass (it takes nothing more) sees a restart by comparing with its first Staged.
+        self.rounds_started = 0
         self._restored = None if restored_step is None else pb.RestoredStep(
             train_batch_index=restored_step.train_batch_index, minibatch_index=restored_step.minibatch_index)
         tp_rank = settings.tp_rank
@@ -169,6 +172,16 @@ class Prefetcher:
                 + ("ended its stream" if staged is None else f"moved on to {staged.descriptor.sequence}")
             )
         return staged
+
+    def restarted_since(self, staged: Staged) -> bool:
+        """A delivery round began after ``staged`` was staged: its mini-batch comes again from micro-batch 0."""
+        return self.rounds_started > staged.rounds_before
+
+    def own(self, staged: Staged) -> None:
+        """Make ``staged``'s tensors this process's own, so they outlive its slot (several passes)."""
+        if not staged.owned:
+            staged.tensors = self._stager.own(staged.tensors)
+            staged.owned = True
 
     def release(self, staged: Staged) -> None:
         if staged.released:
@@ -255,7 +268,8 @@ class Prefetcher:
                     self._send_release(descriptor, waited=-1.0)
                     continue
                 if descriptor.failure is not None:
-                    failed = Staged(descriptor=descriptor, tensors={}, failure=failure_error(descriptor))
+                    failed = Staged(descriptor=descriptor, tensors={}, failure=failure_error(descriptor),
+                                    rounds_before=self.rounds_started)
                     if self._eager:
                         self._send_release(descriptor, waited=-1.0)
                         failed.released = True
@@ -265,11 +279,12 @@ class Prefetcher:
                         return
                     continue
                 try:
-                    tensors, event = self._stager.stage(descriptor)
+                    tensors, event, owned = self._stager.stage(descriptor)
                 except Unavailable as error:  # its segment vanished: the sidecar died; its successor re-publishes
                     logger.warning("%s; waiting for the sidecar to come back", error)
                     continue
-                staged = Staged(descriptor=descriptor, tensors=tensors, event=event)
+                staged = Staged(descriptor=descriptor, tensors=tensors, event=event, owned=owned,
+                                rounds_before=self.rounds_started)
                 if self._eager:
                     self._send_release(descriptor, waited=-1.0)
                     staged.released = True
@@ -289,6 +304,7 @@ class Prefetcher:
                        "middle of a mini-batch; it comes again from micro-batch 0", self._settings.target,
                        delivery_round)
         sequence = response.descriptor.sequence if response.HasField("descriptor") else 0
+        self.rounds_started += 1
         put = self._withdraw_staged(RoundRestart(round=delivery_round, sequence=sequence))
         self._stats.minibatch_restarts += 1  # after the marker is queued: a loop that waits for it finds it
         return put
