@@ -150,7 +150,6 @@ class MiniBatch:
         self._eager = rest
         self.passes = passes
         self._passes_begun = 0
-        self._passes_done = 0
         self._active: Iterator[MicroBatch] | None = None  # the iterator of the pass under way
         self._kept: list[Staged] = []  # pass 0's micro-batches, for the later passes
         self._held: Staged | None = None  # the last micro-batch, its slot held until the last pass
@@ -372,8 +371,7 @@ class MiniBatch:
                 minibatch_index=self.minibatch_index)
 
     def _pass_done(self) -> None:
-        self._passes_done += 1
-        if self._passes_done >= self.passes:
+        if self._passes_begun >= self.passes:  # the last pass ended (earlier ones may have been left early)
             self._finish()
 
     def _finish(self) -> None:
@@ -429,8 +427,7 @@ class MiniBatch:
     def complete(self) -> None:
         """Report now that this mini-batch's optimizer step is done (otherwise done when the next is taken). With
         several passes, only once the last pass was iterated to its end: the step is after the last pass."""
-        if self.passes > 1 and self._passes_done < self.passes and not self.restarted:
-            raise FailedPrecondition(f"mini-batch {self.sequence} has {self.passes - self._passes_done} of "
-                                     f"{self.passes} passes left; its optimizer step comes after the last",
-                                     field="passes")
+        if self.passes > 1 and not self._done:
+            raise FailedPrecondition(f"mini-batch {self.sequence} is in pass {self.pass_index} of {self.passes}; "
+                                     "its optimizer step comes after the last pass ends", field="passes")
         self._feed.complete(self)
