@@ -164,10 +164,11 @@ class TrainerClient:
         if self._iterating:
             raise FailedPrecondition("mini_batches() is already being iterated")
         self._iterating = True
-        if passes > 1:
-            self._stager.copy_for_passes = True
         prefetcher, feed = self._prefetcher, self._feed
         assert prefetcher is not None and feed is not None  # the constructor started them
+        if passes > 1:
+            self._stager.copy_for_passes = True
+            prefetcher.watch_rounds = True
         while True:
             first = prefetcher.take()
             if first is None:

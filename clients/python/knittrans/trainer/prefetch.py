@@ -97,6 +97,9 @@ class Prefetcher:
         # Delivery rounds this client learnt of, counted before anything of the new round is staged, so a
         # mini-batch in a later pass (it takes nothing more) sees a restart by comparing with its first Staged.
         self.rounds_started = 0
+        # Set while each mini-batch is iterated several times: a later pass takes nothing, so a prefetch thread
+        # blocked on a full queue asks the sidecar for its delivery round instead of waiting for the loop.
+        self.watch_rounds = False
         self._restored = None if restored_step is None else pb.RestoredStep(
             train_batch_index=restored_step.train_batch_index, minibatch_index=restored_step.minibatch_index)
         tp_rank = settings.tp_rank
@@ -246,7 +249,7 @@ class Prefetcher:
                 # Withdrawn before any descriptor of the new round could be published: give back the slots now.
                 delivery_round = response.delivery_round
                 last_key = (0, -1)
-                if not self._new_round(delivery_round, response):
+                if not self._new_round(delivery_round, response.descriptor.sequence):
                     return
             if response.HasField("descriptor"):
                 descriptor = MicroBatchDescriptor.from_proto(response.descriptor)
@@ -260,7 +263,7 @@ class Prefetcher:
                 elif descriptor.delivery_round > delivery_round:
                     delivery_round = descriptor.delivery_round
                     last_key = (0, -1)  # the loop skips what it finished; the rest comes again from its start
-                    if not self._new_round(delivery_round, response):
+                    if not self._new_round(delivery_round, descriptor.sequence):
                         return
                 after = descriptor.ticket
                 if descriptor.key <= last_key:
@@ -290,8 +293,14 @@ class Prefetcher:
                     staged.released = True
                 last_key = descriptor.key
                 idle_since = time.monotonic()
-                if not self._put(staged):
+                queued_in = self._put_watching_rounds(staged, incarnation, delivery_round)
+                if queued_in is None:
                     return
+                if queued_in > delivery_round:  # a round began while it waited for room: it was withdrawn
+                    self.release(staged)
+                    delivery_round, last_key = queued_in, (0, -1)
+                    if not self._new_round(delivery_round, descriptor.sequence):
+                        return
             elif response.end_of_stream:
                 self._put(_END)
                 return
@@ -299,11 +308,30 @@ class Prefetcher:
                 raise DeadlineExceeded(f"no micro-batch from {settings.target} for "
                                        f"{settings.wait_timeout_seconds:.1f}s", field="sidecar")
 
-    def _new_round(self, delivery_round: int, response: pb.NextMicroBatchResponse) -> bool:
+    def _put_watching_rounds(self, item: Staged, incarnation: str, delivery_round: int) -> int | None:
+        """Queue ``item``: the delivery round it was queued in, or a later round that began while it waited for
+        room (``watch_rounds``; then it was not queued), or None when stopped."""
+        probed = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return delivery_round
+            except queue.Full:
+                if not self.watch_rounds or time.monotonic() - probed < 0.5:
+                    continue
+                probed = time.monotonic()
+                try:
+                    status = self._stub.GetReorgStatus(pb.GetReorgStatusRequest(), timeout=self._settings.poll_seconds)
+                except grpc.RpcError:
+                    continue  # the fetch loop finds out what became of the sidecar once it may poll again
+                if status.incarnation == incarnation and status.delivery_round > delivery_round:
+                    return int(status.delivery_round)
+        return None
+
+    def _new_round(self, delivery_round: int, sequence: int) -> bool:
         logger.warning("reorg sidecar %s started delivery round %d: a TP rank of the consumer restarted in the "
                        "middle of a mini-batch; it comes again from micro-batch 0", self._settings.target,
                        delivery_round)
-        sequence = response.descriptor.sequence if response.HasField("descriptor") else 0
         self.rounds_started += 1
         put = self._withdraw_staged(RoundRestart(round=delivery_round, sequence=sequence))
         self._stats.minibatch_restarts += 1  # after the marker is queued: a loop that waits for it finds it
