@@ -130,6 +130,8 @@ class AsyncRolloutClient:
         loss_mask_field: str | None = "loss_mask",
         non_sequence_fields: Collection[str] = (),
         field_alignment: Mapping[str, FieldAlignment | str] | None = None,
+        response_start: int = 0,
+        response_fields: Collection[str] = (),
     ) -> TrajectoryMeta:
         """:meth:`RolloutClient.submit <knittrans.rollout.RolloutClient.submit>`, awaited."""
         trajectory = Trajectory(
@@ -150,6 +152,8 @@ class AsyncRolloutClient:
             loss_mask_field=loss_mask_field,
             non_sequence_fields=non_sequence_fields,
             field_alignment=field_alignment or {},
+            response_start=response_start,
+            response_fields=response_fields,
         )
         return (await self.submit_many([trajectory]))[0]
 
