@@ -217,6 +217,7 @@ class Prefetcher:
         delivery_round = 0
         after = 0
         last_key: tuple[int, int] = (0, -1)
+        partway = False  # the last micro-batch handed to the loop was not the last of its mini-batch
         unreachable = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
         idle_since = time.monotonic()
         while not self._stop.is_set():
@@ -248,7 +249,7 @@ class Prefetcher:
             if incarnation and response.incarnation == incarnation and response.delivery_round > delivery_round:
                 # Withdrawn before any descriptor of the new round could be published: give back the slots now.
                 delivery_round = response.delivery_round
-                last_key = (0, -1)
+                last_key, partway = (0, -1), False
                 if not self._new_round(delivery_round, response.descriptor.sequence):
                     return
             if response.HasField("descriptor"):
@@ -262,11 +263,14 @@ class Prefetcher:
                     delivery_round = descriptor.delivery_round
                 elif descriptor.delivery_round > delivery_round:
                     delivery_round = descriptor.delivery_round
-                    last_key = (0, -1)  # the loop skips what it finished; the rest comes again from its start
+                    last_key, partway = (0, -1), False  # the loop skips what it finished; the rest comes again
                     if not self._new_round(delivery_round, descriptor.sequence):
                         return
                 after = descriptor.ticket
-                if descriptor.key <= last_key:
+                # A restarted sidecar that cannot read the mini-batch this rank is partway through fails it at a
+                # micro-batch the rank may have taken already: the failure still ends the mini-batch, never skipped.
+                ends_partway = descriptor.failure is not None and partway and descriptor.sequence == last_key[0]
+                if descriptor.key <= last_key and not ends_partway:
                     self._stats.skipped_after_restart += 1
                     self._send_release(descriptor, waited=-1.0)
                     continue
@@ -276,7 +280,7 @@ class Prefetcher:
                     if self._eager:
                         self._send_release(descriptor, waited=-1.0)
                         failed.released = True
-                    last_key = descriptor.key
+                    last_key, partway = max(last_key, descriptor.key), False
                     idle_since = time.monotonic()
                     if not self._put(failed):
                         return
@@ -291,14 +295,14 @@ class Prefetcher:
                 if self._eager:
                     self._send_release(descriptor, waited=-1.0)
                     staged.released = True
-                last_key = descriptor.key
+                last_key, partway = descriptor.key, not descriptor.last_in_minibatch
                 idle_since = time.monotonic()
                 queued_in = self._put_watching_rounds(staged, incarnation, delivery_round)
                 if queued_in is None:
                     return
                 if queued_in > delivery_round:  # a round began while it waited for room: it was withdrawn
                     self.release(staged)
-                    delivery_round, last_key = queued_in, (0, -1)
+                    delivery_round, last_key, partway = queued_in, (0, -1), False
                     if not self._new_round(delivery_round, descriptor.sequence):
                         return
             elif response.end_of_stream:
