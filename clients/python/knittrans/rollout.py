@@ -69,7 +69,7 @@ import numpy as np
 from knittrans.blocking import run_to_completion
 from knittrans.client.model import ReportResult
 from knittrans.errors import InvalidArgument
-from knittrans.reservations import UnitReservation
+from knittrans.reservations import ReserveResult, UnitReservation
 from knittrans.store.arrays import to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
@@ -115,7 +115,7 @@ class RejectionReporter(Protocol):
 class UnitReserver(Protocol):
     """Reserves shared units before they are written, and cancels reservations of failed submits."""
 
-    def reserve_units(self, reservations: Sequence[UnitReservation]) -> object: ...
+    def reserve_units(self, reservations: Sequence[UnitReservation]) -> ReserveResult: ...
 
     def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> object: ...
 
@@ -182,9 +182,10 @@ class BlockingSubmitIO:
         self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
         self._reserver = reporter if isinstance(reporter, UnitReserver) else None
 
-    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> None:
-        if self._reserver is not None:
-            self._reserver.reserve_units(reservations)
+    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> frozenset[TrajectoryId]:
+        if self._reserver is None:
+            return frozenset()
+        return self._reserver.reserve_units(reservations).already_reported
 
     async def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
         if self._reserver is not None:
