@@ -69,7 +69,7 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
     hashes: list[str | None] = []
     for columns, rows in runs:
         index = np.array(rows, dtype=np.int64)
-        ids.extend(columns.trajectory_ids[i] for i in rows)
+        ids.extend(map(columns.trajectory_ids.__getitem__, rows))  # map: the lookups run in C
         parts["num_tokens"].append(columns.num_tokens[index])
         parts["loss_tokens"].append(columns.num_loss_tokens[index])
         refs = gather_index(columns.multimodal_offsets, index)
@@ -79,11 +79,16 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
         parts["ends"].append(columns.placeholder_ends[refs])
         parts["ref_kinds"].append(columns.multimodal_kinds[refs])
         ref_list = refs.tolist()
-        keys.extend(columns.multimodal_keys[k] for k in ref_list)
-        encoders.extend(columns.multimodal_encoders[k] for k in ref_list)
-        header_index = columns.multimodal_header_index[refs].tolist()
+        keys.extend(map(columns.multimodal_keys.__getitem__, ref_list))
+        encoders.extend(map(columns.multimodal_encoders.__getitem__, ref_list))
+        header_index = columns.multimodal_header_index[refs]
         content = columns.multimodal_headers.content_hashes
-        hashes.extend(content[h] if h >= 0 else None for h in header_index)
+        if not (header_index >= 0).any():
+            hashes.extend([None] * len(header_index))
+        elif (header_index >= 0).all():
+            hashes.extend(map(content.__getitem__, header_index.tolist()))
+        else:
+            hashes.extend(content[h] if h >= 0 else None for h in header_index.tolist())
     joined = {name: np.concatenate(values) for name, values in parts.items()}
     ref_counts = joined["ref_counts"].astype(np.int64)
     ref_kinds = joined["ref_kinds"].tolist()
