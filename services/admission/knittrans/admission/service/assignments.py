@@ -6,7 +6,8 @@ of its references, and every CP rank cuts its own zigzag chunks, reads and encod
 planner's geometry (:mod:`knittrans.plan.rank`). So the service builds and serialises one message per DP rank,
 not one per (DP, CP) consumer. An encoder consumer's part is built once, from the
 :class:`~knittrans.admission.planning.PlanLayout`, as nested ``dict`` constructor fields that protobuf converts in
-one C call; it equals ``assignment_to_proto(plan.for_consumer(consumer))``.
+one C call, with each encoding's routes parsed in from their wire form (:mod:`.route_wire`, encoded once per
+mini-batch with numpy); it equals ``assignment_to_proto(plan.for_consumer(consumer))``.
 """
 
 from __future__ import annotations
