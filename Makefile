@@ -74,8 +74,9 @@ proto: venv
 TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing \
   knittrans.addresses knittrans.aio knittrans.blocking knittrans.cli knittrans.client knittrans.config \
   knittrans.errors knittrans.job knittrans.launch knittrans.packed knittrans.plan knittrans.retry knittrans.rollout \
-  knittrans.reservations knittrans.shm knittrans.steps knittrans.store knittrans.submission knittrans.tensor_names \
-  knittrans.train knittrans.trainer knittrans.trajectory_schema knittrans.types knittrans.values knittrans.wire
+  knittrans.reservations knittrans.shm knittrans.steps knittrans.store knittrans.submission knittrans.submitted_values \
+  knittrans.tensor_names knittrans.train knittrans.trainer knittrans.trajectory_schema knittrans.types knittrans.values \
+  knittrans.wire
 
 lint: venv
 	$(VENV)/bin/ruff check .

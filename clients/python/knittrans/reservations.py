@@ -10,6 +10,20 @@ from knittrans.types import SampleId, TrajectoryId, TrajectoryMeta, UnitKey, che
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReserveResult:
+    """What ``ReserveUnits`` did: how many reservations were new, and which requested trajectories the service
+    had acknowledged already (a resubmit must not write their units again)."""
+
+    reserved: int = 0
+    already_reported: frozenset[TrajectoryId] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.reserved < 0:
+            raise InvalidArgument("must be >= 0", field="reserved")
+        object.__setattr__(self, "already_reported", frozenset(self.already_reported))
+
+
+@dataclass(frozen=True, kw_only=True)
 class UnitReservation:
     """The units a trajectory will reference once reported, reserved before its rollout writes them: shared
     multimodal units (a sibling may have stored them already, and its release must not delete them in between)

@@ -19,6 +19,11 @@ Splitting:
   prediction of token t+1 (``label``). The trainer receives every such field label-aligned, like ``labels``
   (the reorg sidecar shifts token-aligned ones); fields not named there are inputs, packed as stored. The loss
   mask (``loss_mask_field``) is token-aligned unless declared otherwise;
+* ``response_fields`` are per-token fields that cover only the response, tokens ``[response_start, num_tokens)``
+  (verl's ``old_log_probs`` and ``advantages``, slime's ``rollout_log_probs``): their leading axis has length
+  ``num_tokens - response_start`` and row j describes token ``response_start + j``. They may have an alignment
+  like any per-token field; the sidecar packs them with 0 over the prompt and a ``<name>.mask`` (see
+  docs/integration.md, "Response-only fields");
 * ``num_loss_tokens`` counts exactly the positions the loss uses: those with a label (every token but the
   last) whose label-aligned mask is non-zero (all of them without a mask);
 * each multimodal input (one image, or one group of consecutive video frames) is one unit keyed by
@@ -56,7 +61,6 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from numbers import Real
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -64,13 +68,15 @@ import numpy as np
 
 from knittrans.blocking import run_to_completion
 from knittrans.client.model import ReportResult
-from knittrans.errors import InvalidArgument, within
-from knittrans.reservations import UnitReservation
-from knittrans.store.arrays import is_tensor, to_numpy
+from knittrans.errors import InvalidArgument
+from knittrans.reservations import ReserveResult, UnitReservation
+from knittrans.store.arrays import to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
 from knittrans.submission import Discard, discard_rejected, store_and_report
+from knittrans.submitted_values import checked_values, is_scalar, response_field_names, scalar_value
 from knittrans.types import (
+    Coverage,
     FieldAlignment,
     MultimodalRef,
     SampleId,
@@ -84,7 +90,6 @@ from knittrans.types import (
     VersionSegment,
     check_id,
 )
-from knittrans.values import MetadataValue, TrajectoryValues
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +115,7 @@ class RejectionReporter(Protocol):
 class UnitReserver(Protocol):
     """Reserves shared units before they are written, and cancels reservations of failed submits."""
 
-    def reserve_units(self, reservations: Sequence[UnitReservation]) -> object: ...
+    def reserve_units(self, reservations: Sequence[UnitReservation]) -> ReserveResult: ...
 
     def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> object: ...
 
@@ -157,6 +162,8 @@ class Trajectory:
     non_sequence_fields: Collection[str] = ()
     # Per-target field -> FieldAlignment (or its value); the loss mask defaults to token-aligned.
     field_alignment: Mapping[str, FieldAlignment | str] = field(default_factory=dict)
+    response_start: int = 0  # the first response token; tokens before it are the prompt
+    response_fields: Collection[str] = ()  # per-token fields over [response_start, num_tokens) only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,9 +182,10 @@ class BlockingSubmitIO:
         self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
         self._reserver = reporter if isinstance(reporter, UnitReserver) else None
 
-    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> None:
-        if self._reserver is not None:
-            self._reserver.reserve_units(reservations)
+    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> frozenset[TrajectoryId]:
+        if self._reserver is None:
+            return frozenset()
+        return self._reserver.reserve_units(reservations).already_reported
 
     async def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
         if self._reserver is not None:
@@ -245,12 +253,15 @@ class RolloutClient:
         loss_mask_field: str | None = "loss_mask",
         non_sequence_fields: Collection[str] = (),
         field_alignment: Mapping[str, FieldAlignment | str] | None = None,
+        response_start: int = 0,
+        response_fields: Collection[str] = (),
     ) -> TrajectoryMeta:
         """Store one trajectory's units; returns its metadata (reported first when a reporter is set).
 
         ``field_alignment`` maps per-target fields to ``"token"`` (position t describes token t: verl's and
         slime's masks and log-probs) or ``"label"`` (position t describes the prediction of token t+1); the
-        loss mask is ``"token"`` unless named. See the module docstring and docs/integration.md."""
+        loss mask is ``"token"`` unless named. ``response_fields`` hold only tokens ``[response_start,
+        num_tokens)``. See the module docstring and docs/integration.md."""
         trajectory = Trajectory(
             trajectory_id=trajectory_id,
             sample_id=sample_id,
@@ -269,6 +280,8 @@ class RolloutClient:
             loss_mask_field=loss_mask_field,
             non_sequence_fields=non_sequence_fields,
             field_alignment=field_alignment or {},
+            response_start=response_start,
+            response_fields=response_fields,
         )
         return self.submit_many([trajectory])[0]
 
@@ -317,14 +330,14 @@ class RolloutClient:
 
         scalars: dict[str, float] = {}
         for name, value in trajectory.scalars.items():
-            scalars[name] = _scalar(value, field=f"scalars.{name}")
+            scalars[name] = scalar_value(value, field=f"scalars.{name}")
         arrays: dict[str, tuple[np.ndarray, Any]] = {}
         for name, value in trajectory.fields.items():
             check_simple_name(name, f"fields.{name}")
-            if _is_scalar(value):
+            if is_scalar(value):
                 if name in scalars:
                     raise InvalidArgument("is both a field and a scalar", field=f"fields.{name}")
-                scalars[name] = _scalar(value, field=f"fields.{name}")
+                scalars[name] = scalar_value(value, field=f"fields.{name}")
             else:
                 arrays[name] = to_numpy(value, field=f"fields.{name}")
 
@@ -333,10 +346,11 @@ class RolloutClient:
         num_tokens = arrays[trajectory.tokens_field][0].shape[0]
         if num_tokens < 1:
             raise InvalidArgument("holds no tokens", field=f"fields.{trajectory.tokens_field}")
+        response_fields = response_field_names(trajectory, arrays, num_tokens)
         sequence_fields = {
             name for name, (array, _) in arrays.items()
             if array.ndim >= 1 and array.shape[0] == num_tokens and name not in trajectory.non_sequence_fields
-        }
+        } | response_fields
         alignments = self._alignments(trajectory, sequence_fields)
         num_loss_tokens = self._count_loss_tokens(trajectory, arrays, num_tokens, alignments)
 
@@ -349,8 +363,9 @@ class RolloutClient:
             write = UnitWrite.of_array(trajectory_unit_key(self._namespace, trajectory_id, name), array, dtype,
                                        sequence=sequence)
             kind = UnitKind.TOKEN_FIELD if sequence else UnitKind.FIELD
+            coverage = Coverage.RESPONSE if name in response_fields else Coverage.SEQUENCE
             units.append(UnitRef(key=write.key, field_name=name, kind=kind, header=write.header,
-                                 alignment=alignments.get(name)))
+                                 alignment=alignments.get(name), coverage=coverage))
             writes.append(write)
 
         multimodal: list[MultimodalRef] = []
@@ -388,7 +403,8 @@ class RolloutClient:
             accepted=bool(trajectory.accepted),
             scalars=tuple(scalars.items()),
             finished_at=self._clock() if trajectory.finished_at is None else float(trajectory.finished_at),
-            values=_values(trajectory),
+            values=checked_values(trajectory),
+            response_start=trajectory.response_start,
         )
         return _Split(meta=meta, writes=tuple(writes))
 
@@ -427,49 +443,11 @@ class RolloutClient:
             raise InvalidArgument("is missing from the fields (pass loss_mask_field=None if there is none)",
                                   field=f"fields.{name}")
         mask = arrays[name][0]
+        if name in trajectory.response_fields and mask.ndim == 1:  # 0 over the prompt, as the packer fills it
+            mask = np.concatenate([np.zeros(num_tokens - mask.shape[0], mask.dtype), mask])
         if mask.ndim != 1 or mask.shape[0] != num_tokens or name not in alignments:
             raise InvalidArgument(f"must be a per-token field of shape ({num_tokens},), got {mask.shape}",
                                   field=f"fields.{name}")
         if alignments[name] is FieldAlignment.TOKEN:
             return int(np.count_nonzero(mask[1:]))  # token 0 is never a target
         return int(np.count_nonzero(mask[:-1]))  # the last position predicts nothing
-
-
-def _values(trajectory: Trajectory) -> TrajectoryValues:
-    """The trajectory's integer and boolean scalars and metadata, validated (numpy and torch numbers allowed)."""
-    ints, bools, metadata = [], [], []
-    for name, value in cast("Mapping[str, Any]", trajectory.int_scalars).items():
-        number = value.item() if is_tensor(value) or isinstance(value, np.generic) else value
-        if isinstance(number, bool) or not isinstance(number, int):
-            raise InvalidArgument(f"must be an integer, got {type(value).__name__}", field=f"int_scalars.{name}")
-        ints.append((name, number))
-    for name, value in cast("Mapping[str, Any]", trajectory.bool_scalars).items():
-        flag = value.item() if is_tensor(value) or isinstance(value, np.generic) else value
-        if not isinstance(flag, bool):
-            raise InvalidArgument(f"must be a bool, got {type(value).__name__}", field=f"bool_scalars.{name}")
-        bools.append((name, flag))
-    for name, value in trajectory.metadata.items():
-        metadata.append((name, within(f"metadata.{name}", partial(MetadataValue.of, value))))
-    return TrajectoryValues(int_scalars=tuple(ints), bool_scalars=tuple(bools), metadata=tuple(metadata))
-
-
-def _is_scalar(value: Any) -> bool:
-    if isinstance(value, (bool, int, float, np.number, np.bool_)):
-        return True
-    if isinstance(value, np.ndarray):
-        return value.ndim == 0
-    if is_tensor(value):
-        return bool(value.dim() == 0)
-    return False
-
-
-def _scalar(value: Any, *, field: str) -> float:
-    if is_tensor(value):
-        value = value.item()
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"must be a number, got {type(value).__name__}", field=field) from None
-    if not math.isfinite(number):
-        raise InvalidArgument(f"must be finite, got {number}", field=field)
-    return number

@@ -30,7 +30,9 @@ Discard = Callable[[Sequence[TrajectoryMeta]], None]
 class SubmitIO(Protocol):
     """The store and the reporter of a rollout client; a missing reporter makes the reporting steps no-ops."""
 
-    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> None: ...
+    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> frozenset[TrajectoryId]:
+        """Reserve the units; returns the trajectories the service had acknowledged already."""
+        ...
 
     async def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None: ...
 
@@ -54,8 +56,15 @@ async def store_and_report(
     """Reserve, write, report (see the module docstring); a failure at any step leaves nothing of this submit
     behind, except multimodal units a sibling trajectory may already reference (released with their sample)."""
     reservations = [r for r in map(UnitReservation.of, metas) if r is not None]
-    if reservations:
-        await io.reserve_units(reservations)
+    acknowledged = await io.reserve_units(reservations) if reservations else frozenset()
+    if acknowledged:
+        # A resubmit (a worker restarted, say): the acknowledged trajectory's units stay as they are, even if this
+        # one's differ; its report answers DUPLICATE or CONFLICT without anything written.
+        skipped = {key for meta in metas if meta.trajectory_id in acknowledged
+                   for key in (*(unit.key for unit in meta.units), *(ref.key for ref in meta.multimodal))}
+        writes = [write for write in writes if write.key not in skipped]
+        logger.info("%d trajectories of this submit were acknowledged before; their units are not written again",
+                    len(acknowledged))
     try:
         await _write(writes, io, batch_bytes)
     except BaseException:
@@ -68,7 +77,8 @@ async def store_and_report(
     try:
         results = await io.report(metas)
     except InvalidArgument as rejection:
-        await discard_rejected(metas, io)
+        # Never the acknowledged trajectories' units: they are theirs, not this submit's.
+        await discard_rejected([meta for meta in metas if meta.trajectory_id not in acknowledged], io)
         raise _rejected(rejection, metas) from rejection
     conflicts = [r for r in results or () if r.outcome is ReportOutcome.CONFLICT]
     if conflicts:  # the units under that id belong to its first report: nothing to remove

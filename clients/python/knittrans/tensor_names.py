@@ -19,6 +19,7 @@ GENERATED_NAMES = frozenset({LABELS, POSITION_IDS, CU_SEQLENS, CU_SEQLENS_GLOBAL
 SCALAR_PREFIX = "scalar."
 SCALAR_PRESENT_PREFIX = "scalar_present."
 LOOK_AHEAD_SUFFIX = ".next"
+MASK_SUFFIX = ".mask"  # a response-only field's mask: 1 where the packed field holds a stored value
 
 TENSOR_NAME_LENGTH = 128
 # Room for the longest suffix or prefix the packer adds to a reported name.
@@ -34,10 +35,10 @@ def field_name_problem(name: str) -> str | None:
         return f"must be 1-{REPORTED_NAME_LENGTH} characters of [A-Za-z0-9_.-] (it names a tensor), got {name!r}"
     if name in GENERATED_NAMES:
         return f"{name!r} is the name of a generated tensor"
-    if name.startswith((SCALAR_PREFIX, SCALAR_PRESENT_PREFIX)) or name.endswith(LOOK_AHEAD_SUFFIX) \
+    if name.startswith((SCALAR_PREFIX, SCALAR_PRESENT_PREFIX)) or name.endswith((LOOK_AHEAD_SUFFIX, MASK_SUFFIX)) \
             or _ITEM_SUFFIX.search(name):
         return (f"{name!r} could collide with a generated tensor (no {SCALAR_PREFIX!r} or {SCALAR_PRESENT_PREFIX!r} "
-                f"prefix, no {LOOK_AHEAD_SUFFIX!r} or '.<digits>' suffix)")
+                f"prefix, no {LOOK_AHEAD_SUFFIX!r}, {MASK_SUFFIX!r} or '.<digits>' suffix)")
     return None
 
 

@@ -5,8 +5,8 @@ declared schema, the job's first accepted trajectory fixes one (see ``knittrans.
 Declared in the admission config under ``schema:`` (docs/integration.md, "The trajectory schema"):
 
 - ``token_fields``: per-token fields (stored as units sliced along the sequence): dtype, the shape of one token's
-  row (``row_shape``, default ``[]``), and ``coverage``, ``sequence`` (the whole sequence, the only one packed
-  today);
+  row (``row_shape``, default ``[]``), and ``coverage``: ``sequence`` (the whole sequence, the default) or
+  ``response`` (only tokens ``[response_start, num_tokens)``; packed with 0 over the prompt and a ``<name>.mask``);
 - ``fields``: non-sequence fields (read whole by every CP rank): dtype (their shape may differ per trajectory);
 - ``scalars``: per-trajectory numbers packed into ``scalar.<name>`` tensors: ``float``, ``int`` or ``bool``;
 - ``metadata``: per-trajectory ``str``, ``bytes`` or ``json`` values with a size bound, delivered beside each
@@ -20,19 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from knittrans.errors import InvalidArgument
 from knittrans.tensor_names import field_name_problem, scalar_name_problem
-from knittrans.types import DType
+from knittrans.types import Coverage, DType
 from knittrans.values import MAX_METADATA_BYTES, MetadataKind, ScalarKind
-
-
-class Coverage(StrEnum):
-    """Which tokens a per-token field covers."""
-
-    SEQUENCE = "sequence"  # every token, prompt included: shape[0] is the trajectory's num_tokens
-    RESPONSE = "response"  # only [response_start, num_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,9 +42,12 @@ class TokenFieldSchema:
         for i, dim in enumerate(self.row_shape):
             if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
                 raise InvalidArgument(f"must be a positive integer, got {dim!r}", field=f"row_shape[{i}]")
-        if self.coverage is not Coverage.SEQUENCE:
-            raise InvalidArgument("response-only fields are not packed yet; declare coverage: sequence",
-                                  field="coverage")
+        if not isinstance(self.coverage, Coverage):
+            try:
+                object.__setattr__(self, "coverage", Coverage(str(self.coverage)))
+            except ValueError:
+                raise InvalidArgument(f"must be one of {', '.join(Coverage)}, got {self.coverage!r}",
+                                      field="coverage") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,9 +125,9 @@ class TrajectorySchema:
             if spec is None:
                 raise InvalidArgument(f"labels are made from {name!r}, which is not among the token fields",
                                       field="token_fields")
-            if spec.row_shape or spec.dtype not in INTEGER_DTYPES:
-                raise InvalidArgument(f"labels are made from {name!r}, so it must be a 1-D integer field",
-                                      field=f"token_fields.{name}")
+            if spec.row_shape or spec.dtype not in INTEGER_DTYPES or spec.coverage is not Coverage.SEQUENCE:
+                raise InvalidArgument(f"labels are made from {name!r}, so it must be a 1-D integer field over the "
+                                      "whole sequence", field=f"token_fields.{name}")
 
 
 INTEGER_DTYPES = frozenset(

@@ -122,6 +122,13 @@ class FieldAlignment(StrEnum):
             ) from None
 
 
+class Coverage(StrEnum):
+    """Which tokens a per-token field covers."""
+
+    SEQUENCE = "sequence"  # every token, prompt included: shape[0] is the trajectory's num_tokens
+    RESPONSE = "response"  # only [response_start, num_tokens): row j describes token response_start + j
+
+
 class AdmissionUnit(StrEnum):
     TRAJECTORY = "trajectory"
     GROUP = "group"
@@ -229,13 +236,15 @@ class UnitRef:
     """One stored unit of a trajectory: its key, the field it holds and its header.
 
     ``alignment`` is set only on per-target token fields (see :class:`FieldAlignment`); the packer shifts a
-    token-aligned one so that it reaches the trainer label-aligned."""
+    token-aligned one so that it reaches the trainer label-aligned. A token field's ``coverage`` says whether
+    its rows start at token 0 or at the trajectory's ``response_start``."""
 
     key: UnitKey
     field_name: str
     kind: UnitKind
     header: UnitHeader
     alignment: FieldAlignment | None = None
+    coverage: Coverage = Coverage.SEQUENCE
 
     def __post_init__(self) -> None:
         check_id(self.key, "key")
@@ -249,6 +258,10 @@ class UnitRef:
                 object.__setattr__(self, "alignment", FieldAlignment.parse(self.alignment))
             if self.kind is not UnitKind.TOKEN_FIELD:
                 raise InvalidArgument("only per-token fields have an alignment", field="alignment")
+        if not isinstance(self.coverage, Coverage):
+            raise InvalidArgument(f"must be a Coverage, got {self.coverage!r}", field="coverage")
+        if self.coverage is Coverage.RESPONSE and self.kind is not UnitKind.TOKEN_FIELD:
+            raise InvalidArgument("only per-token fields can cover only the response", field="coverage")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,6 +319,8 @@ class TrajectoryMeta:
     scalars: tuple[tuple[str, float], ...] = ()
     finished_at: float = 0.0
     values: TrajectoryValues = NO_VALUES  # integer and boolean scalars, metadata
+    # The first response token (tokens before it are the prompt); response-only units start there.
+    response_start: int = 0
 
     def __post_init__(self) -> None:
         check_id(self.trajectory_id, "trajectory_id")
@@ -316,6 +331,9 @@ class TrajectoryMeta:
         _check_non_negative_int(self.num_loss_tokens, "num_loss_tokens")
         if self.num_loss_tokens > self.num_tokens:
             raise InvalidArgument("exceeds num_tokens", field="num_loss_tokens")
+        _check_non_negative_int(self.response_start, "response_start")
+        if self.response_start > self.num_tokens:
+            raise InvalidArgument(f"{self.response_start} exceeds num_tokens {self.num_tokens}", field="response_start")
         object.__setattr__(self, "segments", tuple(self.segments))
         object.__setattr__(self, "units", tuple(self.units))
         object.__setattr__(self, "multimodal", tuple(self.multimodal))
@@ -329,11 +347,12 @@ class TrajectoryMeta:
             if unit.field_name in seen_fields:
                 raise InvalidArgument(f"field {unit.field_name!r} appears twice", field=f"units[{i}].field_name")
             seen_fields.add(unit.field_name)
-            if unit.kind is UnitKind.TOKEN_FIELD and unit.header.num_tokens != self.num_tokens:
-                raise InvalidArgument(
-                    f"has {unit.header.num_tokens} tokens, the trajectory has {self.num_tokens}",
-                    field=f"units[{i}].header.shape",
-                )
+            covered = self.num_tokens - self.first_token(unit)
+            if unit.kind is UnitKind.TOKEN_FIELD and unit.header.num_tokens != covered:
+                what = (f"covers the response, tokens [{self.response_start}, {self.num_tokens})"
+                        if unit.coverage is Coverage.RESPONSE else "covers the whole sequence")
+                raise InvalidArgument(f"field {unit.field_name!r} has {unit.header.num_tokens} rows; it {what}, so "
+                                      f"it needs {covered}", field=f"units[{i}].header.shape")
         for i, ref in enumerate(self.multimodal):
             if ref.placeholder.end > self.num_tokens:
                 raise InvalidArgument("placeholder lies outside the sequence", field=f"multimodal[{i}].placeholder")
@@ -342,6 +361,10 @@ class TrajectoryMeta:
         for name, _ in (*self.values.int_scalars, *self.values.bool_scalars):
             if name in dict(self.scalars):
                 raise InvalidArgument(f"scalar {name!r} has two kinds", field=f"values.{name}")
+
+    def first_token(self, unit: UnitRef) -> int:
+        """The token a per-token unit's row 0 describes: ``response_start`` for a response-only unit, else 0."""
+        return self.response_start if unit.coverage is Coverage.RESPONSE else 0
 
     @property
     def oldest_version(self) -> int:

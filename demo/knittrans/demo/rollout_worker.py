@@ -38,7 +38,7 @@ from knittrans.demo.workload import (
     generate_sample,
     source_sequence,
 )
-from knittrans.errors import InvalidArgument
+from knittrans.errors import Conflict, InvalidArgument
 from knittrans.rollout import MultimodalInput, RolloutClient
 from knittrans.store.factory import open_store
 from knittrans.types import TrajectoryMeta, VersionSegment
@@ -250,23 +250,28 @@ def play_samples(
                 else:
                     active[index] = (sample, version, left - 1)
                 continue
-            meta = submit_trajectory(
-                rollout,
-                sample,
-                sample.trajectories[member],
-                version=version,
-                workload=settings.workload,
-                image_cost=settings.image_cost,
-            )
-            report.trajectories.append(meta)
-            report.bytes_written += _written_bytes(meta, seen_multimodal)
+            try:
+                meta: TrajectoryMeta | None = submit_trajectory(
+                    rollout,
+                    sample,
+                    sample.trajectories[member],
+                    version=version,
+                    workload=settings.workload,
+                    image_cost=settings.image_cost,
+                )
+            except Conflict as conflict:  # (maybe an earlier submit's) id acknowledged before, by a predecessor
+                logger.warning("keeping what the service acknowledged before: %s", conflict)
+                meta = None
             if left == 1:
                 del active[index]
                 report.samples += 1
             else:
                 active[index] = (sample, version, left - 1)
-            if on_submit is not None:
-                on_submit(meta)
+            if meta is not None:
+                report.trajectories.append(meta)
+                report.bytes_written += _written_bytes(meta, seen_multimodal)
+                if on_submit is not None:
+                    on_submit(meta)
             continue
         wait = in_flight[0][0] - now if in_flight else settings.poll_seconds
         if throttled:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from knittrans.config import build
 from knittrans.store.hashing import content_hash
 
 logger = logging.getLogger(__name__)
+
+# A checkpoint report outlasts an admission service restart (and a Redis one under it).
+CHECKPOINT_REPORT_SECONDS = 120.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from knittrans.client.admission import AdmissionClient
     from knittrans.client.connection import ConnectionSettings
-    from knittrans.demo.chaos.checkpoint import RankHistory, any_rank_failed
+    from knittrans.demo.chaos.checkpoint import RankHistory, any_rank_failed, commit_checkpoint
     from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel
     from knittrans.demo.training import DemoTrainer, Parallelism, step_on_trainer_minibatch
+    from knittrans.errors import MiniBatchRestarted
     from knittrans.trainer import TrainerClient, TrainerSettings
 
     torch.set_num_threads(1)
@@ -125,36 +131,45 @@ def main(argv: list[str] | None = None) -> int:
     )
     parallelism = Parallelism.from_world(dp=run.dp, cp=run.cp)
     trainer = DemoTrainer(VisionLanguageModel(VisionLanguageConfig()), parallelism, learning_rate=run.learning_rate)
-    admission = ConnectionSettings(target=run.admission)
-    backbone = TrainerClient(TrainerSettings(sidecar=run.backbone_sockets[rank], global_rank=rank, admission=admission))
-    encoder = (
-        TrainerClient(TrainerSettings(sidecar=run.encoder_sockets[rank], global_rank=rank, admission=admission,
-                                      advance_version=False))
-        if rank < run.encoder_dp else None
-    )
     out = Path(run.out)
     history = RankHistory(out, rank) if run.chaos else None
-    restored, applied = (history.restore(trainer.model, trainer.optimizer, distributed=True) if history is not None
-                         else (None, 0))
+    restored, restored_step, applied = (history.restore(trainer.model, trainer.optimizer, distributed=True)
+                                        if history is not None else (None, None, 0))
+    # A restored rank's sidecars deliver exactly the mini-batches after its checkpoint again (the admission service
+    # retains them until a checkpoint covers them: retain_until_checkpoint); global rank 0 reports checkpoints.
+    admission = ConnectionSettings(target=run.admission)
+    backbone = TrainerClient(TrainerSettings(sidecar=run.backbone_sockets[rank], global_rank=rank, admission=admission),
+                             restored_step=restored_step)
+    encoder = (
+        TrainerClient(TrainerSettings(sidecar=run.encoder_sockets[rank], global_rank=rank, admission=admission,
+                                      advance_version=False), restored_step=restored_step)
+        if rank < run.encoder_dp else None
+    )
+    checkpoints = (AdmissionClient(admission, deadline=timedelta(seconds=CHECKPOINT_REPORT_SECONDS))
+                   if history is not None and rank == 0 else None)
+    report = checkpoints.report_checkpoint if checkpoints is not None else None
     # Appended to: a restarted rank (chaos) keeps what it logged before; a fresh run starts in an empty directory.
     steps_file = open(out / f"steps-rank{rank}.jsonl", "a")
     pieces_file = open(out / f"received-rank{rank}.jsonl", "a")
     encoder_minis = encoder.mini_batches() if encoder is not None else None
     waiting_since = time.time()  # wall clock, comparable with the service's admission times
     # Sequences count mini-batches from 1. A restarted job ends at the last one even if a step in between never
-    # came back (its data was released before the checkpoint covered it): the oracle names what was lost, where
-    # counting applied steps would wait for a mini-batch that never comes.
+    # came back (its data was lost with the store): the oracle names what was lost, where counting applied steps
+    # would wait for a mini-batch that never comes.
     done = restored is not None and restored >= run.steps
     try:
         for mini in ([] if done else backbone.mini_batches()):
             encoder_mini = next(encoder_minis) if encoder_minis is not None else None
-            if restored is not None and mini.sequence <= restored:
-                continue  # applied before the restart: the checkpoint holds it
             if history is not None and any_rank_failed(mini, encoder_mini):
                 history.append({"event": "failed", "rank": rank, "sequence": mini.sequence,
                                 "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
                                 "planned": list(mini.context.admitted_trajectory_ids)})
                 applied += 1
+                commit_checkpoint(history, trainer.model, trainer.optimizer, mini=mini, applied=applied,
+                                  report=report)
+                mini.complete()
+                if encoder_mini is not None:
+                    encoder_mini.complete()
                 if applied >= run.steps or mini.sequence >= run.steps:
                     break
                 continue
@@ -164,11 +179,18 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             images: dict[str, str] = {}
             recording = RecordingMiniBatch(mini, run.cp, pieces)
-            result = step_on_trainer_minibatch(
-                trainer,
-                recording,
-                encoder_mini=RecordingEncoderMiniBatch(encoder_mini, images) if encoder_mini is not None else None,
-            )
+            try:
+                result = step_on_trainer_minibatch(
+                    trainer,
+                    recording,
+                    encoder_mini=RecordingEncoderMiniBatch(encoder_mini, images) if encoder_mini is not None else None,
+                )
+            except MiniBatchRestarted as restart:
+                # Another TP rank of a consumer restarted mid-way: the mini-batch comes again, whole; this partial
+                # step is dropped. (The demo's consumers have one TP rank each: a restart restarts the world.)
+                logger.warning("%s; dropping the partial step", restart)
+                trainer.optimizer.zero_grad(set_to_none=True)
+                continue
             steps_file.write(json.dumps({
                 "rank": rank, "dp_rank": parallelism.dp_rank, "cp_rank": parallelism.cp_rank, "step": step,
                 "sequence": mini.sequence, "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
@@ -192,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
                                 "planned": list(mini.context.admitted_trajectory_ids), "pieces": pieces,
                                 "images": images})
-                history.save(trainer.model, trainer.optimizer, sequence=mini.sequence, applied=applied)
+                commit_checkpoint(history, trainer.model, trainer.optimizer, mini=mini, applied=applied,
+                                  report=report)
             mini.complete()
             if encoder_mini is not None:
                 encoder_mini.complete()
@@ -205,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         backbone.close()
         if encoder is not None:
             encoder.close()
+        if checkpoints is not None:
+            checkpoints.close()
         if history is not None:
             history.close()
         dist.destroy_process_group()

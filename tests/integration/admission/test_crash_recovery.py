@@ -187,12 +187,12 @@ def test_reservations_survive_kill_9(tmp_path: Path, redis_server) -> None:
     reservation = UnitReservation(trajectory_id="t9", sample_id="s9", multimodal_keys=("s9/img0",))
     service = ServiceProcess(config, tmp_path)
     with AdmissionClient(service.address) as client:
-        assert client.reserve_units([reservation]) == 1
+        assert client.reserve_units([reservation]).reserved == 1
     service.kill()
     service = ServiceProcess(config, tmp_path)
     try:
         with AdmissionClient(service.address) as client:
-            assert client.reserve_units([reservation]) == 0  # still held
+            assert client.reserve_units([reservation]).reserved == 0  # still held
             other = UnitReservation(trajectory_id="t10", sample_id="s10", multimodal_keys=("s9/img0",))
             with pytest.raises(InvalidArgument):  # s9's image is reserved by s9
                 client.reserve_units([other])

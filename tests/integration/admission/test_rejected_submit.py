@@ -27,12 +27,12 @@ def stored_files(root: Path) -> list[str]:
 
 
 def submit(rollout: RolloutClient, name: str, *, sample: str, source: str = "A", encoder: str = "vision",
-           version: int = 0, image: int = 0):
+           version: int = 0, image: int = 0, finished_at: float | None = None):
     tokens = 40
     return rollout.submit(
         {"input_ids": np.arange(tokens, dtype=np.int32), "loss_mask": (np.arange(tokens) >= 8).astype(np.uint8),
          "logprobs": np.zeros(tokens, np.float32)},
-        trajectory_id=name, sample_id=sample, source=source, rollout_step=0,
+        trajectory_id=name, sample_id=sample, source=source, rollout_step=0, finished_at=finished_at,
         segments=(VersionSegment(version=version, num_tokens=32),),
         multimodal=(MultimodalInput(data=np.full((8, 8, 3), image, np.uint8), encoder=encoder, cost=4.0,
                                     placeholder=TokenSpan(start=2, end=6)),),
@@ -108,6 +108,35 @@ async def test_a_later_rejection_fails_the_next_call_and_removes_only_the_reject
             rejected_keys = [u.key for u in (*future.units, *no_encoder.units, *no_encoder.multimodal)]
             assert store.exists(rejected_keys) == [False] * len(rejected_keys)
             assert len(stored_files(tmp_path / "units")) == len(good_keys)
+        store.close()
+
+    await with_service(tmp_path, scenario)
+
+
+async def test_a_resubmit_of_an_acknowledged_trajectory_never_touches_its_units(tmp_path: Path) -> None:
+    """A restarted rollout worker submits ids the service acknowledged before. Rejected as invalid, the resubmit
+    must not remove the acknowledged trajectory's units (they share its keys). With other content, after the store
+    lost the original units (a Mooncake store restarted empty), the service answers CONFLICT, and the submit must
+    not have stored its bytes under the acknowledged keys, where a sidecar would read them as that trajectory's.
+    The same content again is a duplicate: accepted, nothing written."""
+    from knittrans.errors import Conflict
+
+    def scenario(address: str, store_url: str) -> None:
+        store = open_store(store_url)
+        with AdmissionClient(address) as client:
+            rollout = RolloutClient(store, namespace="job", reporter=client)
+            acknowledged = submit(rollout, "t0", sample="s0", finished_at=100.0)
+            own_keys = [unit.key for unit in acknowledged.units]
+            with pytest.raises(InvalidArgument):
+                submit(rollout, "t0", sample="s0", version=1)  # from the future: refused
+            assert store.exists(own_keys) == [True] * len(own_keys)
+            store.delete_many(own_keys)  # lost with the store
+            with pytest.raises(Conflict):
+                submit(rollout, "t0", sample="s0", image=7)
+            assert store.exists(own_keys) == [False] * len(own_keys)
+            assert client.status().pool_size == 1
+            assert submit(rollout, "t0", sample="s0", finished_at=100.0) == acknowledged
+            assert store.exists(own_keys) == [False] * len(own_keys)
         store.close()
 
     await with_service(tmp_path, scenario)

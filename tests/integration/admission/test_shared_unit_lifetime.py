@@ -175,8 +175,8 @@ async def test_reservations_are_validated_naming_the_field(stack) -> None:
     def scenario() -> None:
         with AdmissionClient(running.address) as client:
             ok = UnitReservation(trajectory_id="t1", sample_id="s1", multimodal_keys=("s1/img",))
-            assert client.reserve_units([ok]) == 1
-            assert client.reserve_units([ok]) == 0  # idempotent
+            assert client.reserve_units([ok]).reserved == 1
+            assert client.reserve_units([ok]).reserved == 0  # idempotent
             other_sample = UnitReservation(trajectory_id="t2", sample_id="s2", multimodal_keys=("s1/img",))
             with pytest.raises(InvalidArgument) as caught:
                 client.reserve_units([ok, other_sample])

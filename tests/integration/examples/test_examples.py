@@ -125,6 +125,7 @@ def test_the_documented_schema_is_the_shipped_example_and_loads(tmp_path: Path) 
     config loader builds it (unknown keys would be errors)."""
     from knittrans.admission.service.settings import AdmissionServiceSettings
     from knittrans.config import load_config
+    from knittrans.types import Coverage
     from knittrans.values import MetadataKind, ScalarKind
 
     docs = (ROOT / "docs" / "integration.md").read_text()
@@ -136,4 +137,5 @@ def test_the_documented_schema_is_the_shipped_example_and_loads(tmp_path: Path) 
     assert settings.schema is not None
     assert settings.schema.scalars["num_turns"].kind is ScalarKind.INT
     assert settings.schema.metadata["ground_truth"].kind is MetadataKind.JSON
+    assert settings.schema.token_fields["old_logprobs"].coverage is Coverage.RESPONSE
     assert yaml.safe_load(blocks[0])["schema"].keys() == {"token_fields", "fields", "scalars", "metadata"}

@@ -142,3 +142,42 @@ def test_a_sidecar_killed_mid_minibatch_leaves_no_partial_step(tmp_path: Path, s
     if "error" not in result:
         assert sorted(trained) == sorted(written)
         assert len(incarnations) == 2  # the successor published the rest
+
+
+def test_a_successor_that_cannot_read_the_minibatch_a_rank_is_partway_through_fails_it(tmp_path: Path) -> None:
+    """The store lost the units while the sidecar was down (the chaos run's kill of the store and of a sidecar):
+    the successor fails, at micro-batch 0, the mini-batch the rank already took micro-batch 0 of. The rank gets
+    ``MiniBatchFailed`` for that mini-batch, never the next mini-batch's micro-batches in its place."""
+    job = f"sf{uuid.uuid4().hex[:8]}"
+    units = tmp_path / "units"
+    store_url = f"file://{units}"
+    admission = start_admission(tmp_path, job=job, store=store_url, topology=TOPOLOGY,
+                                train_batch_size=PER_MINIBATCH, num_minibatches=1)
+    address = admission.ready["address"]
+    processes = [admission]
+    try:
+        # One slot: while the rank holds micro-batch 0 of its second mini-batch, nothing more of it is published.
+        first = start_sidecar(tmp_path, job=job, store=store_url, admission=address, dp_rank=0, cp_rank=0, slots=1)
+        processes.append(first)
+        output = tmp_path / "trainer.json"
+        trainer = spawn("trainer", [sys.executable, WORKER, "--socket", first.ready["address"], "--admission",
+                                    address, "--minibatches", str(MINIBATCHES), "--stop-at", "1:0", "--deadline",
+                                    str(DEADLINE), "--output", str(output)], tmp_path)
+        processes.append(trainer)
+        write_trajectories(store_url, job, address)
+        wait_for(lambda: stopped(trainer), "stopped trainer rank", trainer)
+        first.kill()
+        for unit in [path for path in units.rglob("*") if path.is_file()]:
+            unit.unlink()  # the store lost everything
+        processes.append(start_sidecar(tmp_path, job=job, store=store_url, admission=address, dp_rank=0,
+                                       cp_rank=0, slots=1, generation=1))
+        trainer.signal(signal.SIGCONT)
+        assert trainer.popen.wait(timeout=180) == 3, trainer.tail()
+        result = json.loads(output.read_text())
+    finally:
+        for process in reversed(processes):
+            process.stop()
+
+    assert [step["sequence"] for step in result["minibatches"]] == [1]
+    assert result["current"] == 2
+    assert result["error"]["type"] == "MiniBatchFailed", result["error"]

@@ -4,13 +4,15 @@ what it received as JSON (per item: the global token positions it holds and CRCs
     python tests/integration/reorg/trainer_worker.py --socket unix:/... --tp-rank 0 --global-rank 0 \
         --admission 127.0.0.1:PORT --minibatches 4 --output out.json [--sleep 0.1] [--mode iter] \
         [--progress progress.jsonl [--hold-at 1 [--hold-sequence 5] [--hold-until-restart]]] \
-        [--checkpoint-at 2] [--restored-step 0:1] [--asyncio]
+        [--checkpoint-at 2] [--restored-step 0:1] [--asyncio] [--passes 2 [--hold-pass 1] [--release-file F]]
 
 With ``--progress`` it also appends one JSON line per micro-batch it takes, per restarted mini-batch and per
 step, as it goes (a test reads it to kill the process at a chosen point). ``--hold-at I`` stops the training
 loop at micro-batch I of the first mini-batch, holding it (a "holding" line says so): forever, or with
 ``--hold-until-restart`` until the client has learnt that the sidecar restarted the mini-batch; with
-``--hold-sequence S``, at micro-batch I of mini-batch S instead. A mini-batch that raises MiniBatchRestarted is
+``--hold-sequence S``, at micro-batch I of mini-batch S instead. With ``--passes N`` it iterates each
+mini-batch N times (``mini_batches(passes=N)``) and records every pass; ``--hold-pass P`` holds in pass P, and
+``--release-file F`` ends the hold once F exists. A mini-batch that raises MiniBatchRestarted is
 recorded and not counted as a step. ``--checkpoint-at S`` reports a checkpoint after the step on mini-batch S
 (``ReportCheckpoint``); ``--restored-step T:M`` starts as a process restored from a checkpoint holding step
 (train batch T, mini-batch M). ``--record-admitted`` records each mini-batch's admitted trajectories as the
@@ -26,6 +28,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 import zlib
@@ -78,19 +81,25 @@ def describe_mini(mini, micros: list[dict], admitted: list[str] | None = None) -
 def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, note, restored: StepId | None) -> None:
     held = False
     with TrainerClient(settings, restored_step=restored) as client:
-        for mini in client.mini_batches():
+        for mini in client.mini_batches(passes=args.passes):
             micros = []
+            passes: list[list[dict]] = []
             try:
-                for micro in mini:
-                    micros.append(describe(micro))
-                    note(event="micro", sequence=mini.sequence, micro=micros[-1])
-                    if micro.index == args.hold_at and not held and (
-                            not args.hold_sequence or mini.sequence == args.hold_sequence):
-                        held = True
-                        note(event="holding", sequence=mini.sequence, index=micro.index)
-                        while not args.hold_until_restart or client.stats.minibatch_restarts == 0:
-                            time.sleep(0.05)
-                    time.sleep(args.sleep)
+                for number in range(args.passes):
+                    micros = []
+                    for micro in mini:
+                        micros.append(describe(micro))
+                        note(event="micro", sequence=mini.sequence, micro=micros[-1], **{"pass": number})
+                        if micro.index == args.hold_at and not held and number == args.hold_pass and (
+                                not args.hold_sequence or mini.sequence == args.hold_sequence):
+                            held = True
+                            note(event="holding", sequence=mini.sequence, index=micro.index, **{"pass": number})
+                            while not ((args.hold_until_restart and client.stats.minibatch_restarts)
+                                       or (args.release_file and os.path.exists(args.release_file))):
+                                time.sleep(0.05)
+                        time.sleep(args.sleep)
+                    passes.append(micros)
+                micros = passes[0]
             except MiniBatchRestarted as restarted:  # drop the partial gradient; it comes again
                 result["restarted"].append({"sequence": restarted.sequence, "yielded": len(micros)})
                 note(event="restarted", sequence=restarted.sequence, yielded=len(micros))
@@ -104,6 +113,8 @@ def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, n
                     admission.report_checkpoint(step)
             note(event="step", sequence=mini.sequence, indices=[m["index"] for m in micros])
             result["minibatches"].append(describe_mini(mini, micros, admitted))
+            if args.passes > 1:
+                result["minibatches"][-1]["passes"] = passes
             if len(result["minibatches"]) == args.minibatches:
                 break
         result["stats"] = {"restarts_seen": client.stats.restarts_seen,
@@ -112,13 +123,18 @@ def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, n
 
 async def consume_async(settings: TrainerSettings, args: argparse.Namespace, result: dict) -> None:
     async with AsyncTrainerClient(settings) as client:
-        async for mini in client.mini_batches():
-            micros = []
-            async for micro in mini:
-                micros.append(describe(micro))
-                await asyncio.sleep(args.sleep)
+        async for mini in client.mini_batches(passes=args.passes):
+            passes: list[list[dict]] = []
+            for _ in range(args.passes):
+                micros = []
+                async for micro in mini:
+                    micros.append(describe(micro))
+                    await asyncio.sleep(args.sleep)
+                passes.append(micros)
             await mini.complete()
-            result["minibatches"].append(describe_mini(mini, micros))
+            result["minibatches"].append(describe_mini(mini, passes[0]))
+            if args.passes > 1:
+                result["minibatches"][-1]["passes"] = passes
             if len(result["minibatches"]) == args.minibatches:
                 break
         result["stats"] = {"restarts_seen": client.stats.restarts_seen,
@@ -140,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold-at", type=int, default=-1)
     parser.add_argument("--hold-until-restart", action="store_true")
     parser.add_argument("--hold-sequence", type=int, default=0)
+    parser.add_argument("--hold-pass", type=int, default=0, help="hold in this pass over the mini-batch")
+    parser.add_argument("--release-file", default="", help="stop holding once this file exists")
+    parser.add_argument("--passes", type=int, default=1, help="iterate each mini-batch this many times")
     parser.add_argument("--checkpoint-at", type=int, default=0)
     parser.add_argument("--restored-step", default="")
     parser.add_argument("--record-admitted", action="store_true",

@@ -61,6 +61,12 @@ def message(
         ],
         accepted=index % 5 != 4, finished_at=float(index),
     )
+    if index % 2:  # a response-only field, so response_starts and unit_coverages are exercised
+        m.response_start = 3
+        m.units.add(key=f"{trajectory_id}/old_logprobs", field_name="old_logprobs", kind=TOKEN,
+                    coverage=trajectory_pb2.TOKEN_COVERAGE_RESPONSE, header=trajectory_pb2.UnitHeader(
+                        dtype=trajectory_pb2.D_TYPE_FLOAT32, shape=[tokens - 3], seq_axis=0,
+                        byte_length=4 * (tokens - 3), content_hash=HASH))
     if images > 1:
         m.multimodal[1].header.CopyFrom(trajectory_pb2.UnitHeader(
             dtype=trajectory_pb2.D_TYPE_UINT8, shape=[2, 2, 3], byte_length=12, content_hash=HASH))
@@ -107,9 +113,9 @@ def test_batch_from_domain_objects_matches_their_messages() -> None:
 
 def test_names_are_stored_once_per_batch() -> None:
     batch = batch_from_messages([message(i, images=2) for i in range(5)])
-    assert list(batch.field_names) == ["input_ids", "routing", "reward_model"]
+    assert list(batch.field_names) == ["input_ids", "routing", "reward_model", "old_logprobs"]
     assert list(batch.encoders) == ["vision"]
-    assert list(batch.unit_fields) == [0, 1, 2] * 5
+    assert list(batch.unit_fields) == [0, 1, 2] + [0, 1, 2, 3, 0, 1, 2] * 2
 
 
 def test_take_keeps_the_chosen_trajectories_in_order() -> None:
@@ -188,6 +194,12 @@ MUTATIONS = {
     "missing header": lambda m: m.units[0].ClearField("header"),
     "aligned non-sequence field": lambda m: setattr(m.units[2], "alignment", trajectory_pb2.FIELD_ALIGNMENT_TOKEN),
     "unknown alignment": lambda m: setattr(m.units[1], "alignment", 7),
+    "response start past the end": lambda m: setattr(m, "response_start", 11),
+    "response rows": lambda m: (setattr(m, "response_start", 2),
+                                setattr(m.units[1], "coverage", trajectory_pb2.TOKEN_COVERAGE_RESPONSE)),
+    "unknown coverage": lambda m: setattr(m.units[1], "coverage", 5),
+    "response-only non-sequence field": lambda m: setattr(m.units[2], "coverage",
+                                                          trajectory_pb2.TOKEN_COVERAGE_RESPONSE),
     "mm key": lambda m: setattr(m.multimodal[0], "key", "bad key"),
     "encoder": lambda m: setattr(m.multimodal[0], "encoder", "lidar"),
     "cost": lambda m: setattr(m.multimodal[0], "cost", -1.0),

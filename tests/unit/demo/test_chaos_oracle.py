@@ -143,3 +143,33 @@ def test_a_line_cut_short_by_a_kill_is_ignored() -> None:
     events = read_events(lines)
     assert [e["event"] for e in events] == ["restore", "step"]
     assert [s["sequence"] for s in final_history(events)] == [1]
+
+
+def failed(rank: int, sequence: int, planned: list[str]) -> dict:
+    return {"event": "failed", "rank": rank, "sequence": sequence, "train_batch": (sequence - 1) // 2,
+            "minibatch": (sequence - 1) % 2, "planned": planned}
+
+
+def test_a_minibatch_lost_with_the_store_is_reported_not_counted_as_trained() -> None:
+    histories = {r: [restore(r, None), *(failed(r, s, ids) if s == 3 else step(r, s, ids) for s, ids in PLAN.items())]
+                 for r in (0, 1)}
+    result = verdict(histories)
+    assert result.passed, result.details  # its train batch's quotas count what was admitted, lost or not
+    assert result.details["lost_with_a_unit"] == ["t4", "t5"] and result.details["lost"] == 2
+    assert result.details["trained"] == 6 and result.details["failed_steps"] == [3]
+
+
+def test_a_train_batch_with_a_lost_minibatch_is_still_held_to_its_quota() -> None:
+    plan = {1: ["t0", "t1"], 2: ["t2", "t4"], 3: ["t3", "t5"], 4: ["t6", "t7"]}  # train batch 0: three math
+    histories = {r: [restore(r, None), *(failed(r, s, ids) if s == 1 else step(r, s, ids) for s, ids in plan.items())]
+                 for r in (0, 1)}
+    result = verdict(histories, admitted=plan)
+    assert not result.quotas_held
+    assert result.details["quota_violations"] == {0: {"math": 3, "code": 1}, 1: {"code": 3, "math": 1}}
+
+
+def test_a_minibatch_failed_on_one_rank_and_stepped_on_another_fails() -> None:
+    histories = {0: clean_history(0),
+                 1: [restore(1, None), *(failed(1, s, ids) if s == 3 else step(1, s, ids) for s, ids in PLAN.items())]}
+    result = verdict(histories)
+    assert not result.trained_exactly_once and result.details["applied_and_failed"] == [3]

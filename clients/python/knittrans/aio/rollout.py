@@ -29,7 +29,7 @@ from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from knittrans.client.model import ReportResult
-from knittrans.reservations import UnitReservation
+from knittrans.reservations import ReserveResult, UnitReservation
 from knittrans.rollout import DEFAULT_BATCH_BYTES, MultimodalInput, RolloutClient, Trajectory
 from knittrans.store.protocol import UnitStore, UnitWrite
 from knittrans.submission import store_and_report
@@ -46,7 +46,7 @@ class AsyncMetadataReporter(Protocol):
 
 @runtime_checkable
 class AsyncUnitReserver(Protocol):
-    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> object: ...
+    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> ReserveResult: ...
 
     async def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> object: ...
 
@@ -70,9 +70,10 @@ class ExecutorSubmitIO:
             await asyncio.wait([future])
             raise
 
-    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> None:
-        if self._reserver is not None:
-            await self._reserver.reserve_units(reservations)
+    async def reserve_units(self, reservations: Sequence[UnitReservation]) -> frozenset[TrajectoryId]:
+        if self._reserver is None:
+            return frozenset()
+        return (await self._reserver.reserve_units(reservations)).already_reported
 
     async def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
         if self._reserver is not None:
@@ -130,6 +131,8 @@ class AsyncRolloutClient:
         loss_mask_field: str | None = "loss_mask",
         non_sequence_fields: Collection[str] = (),
         field_alignment: Mapping[str, FieldAlignment | str] | None = None,
+        response_start: int = 0,
+        response_fields: Collection[str] = (),
     ) -> TrajectoryMeta:
         """:meth:`RolloutClient.submit <knittrans.rollout.RolloutClient.submit>`, awaited."""
         trajectory = Trajectory(
@@ -150,6 +153,8 @@ class AsyncRolloutClient:
             loss_mask_field=loss_mask_field,
             non_sequence_fields=non_sequence_fields,
             field_alignment=field_alignment or {},
+            response_start=response_start,
+            response_fields=response_fields,
         )
         return (await self.submit_many([trajectory]))[0]
 

@@ -8,6 +8,9 @@
                 loss = model(micro["input_ids"], ...)
             optimizer.step()
 
+With ``client.mini_batches(passes=n)`` each mini-batch is ``async for``-ed n times (``ppo_epochs``; see
+:class:`~knittrans.trainer.MiniBatch`).
+
 It is the sync client, driven from coroutines: the same prefetch and release threads stage micro-batches in the
 same way, and the same iterators decide what is taken, released, drained and reported, so both clients deliver
 the same mini-batches with the same guarantees (see :mod:`knittrans.trainer.client`). Each step of an iterator
@@ -79,11 +82,11 @@ class AsyncTrainerClient:
         """The iterator's next item (None at its end), taken on the client's thread."""
         return await self.call(lambda: next(iterator, None))
 
-    async def mini_batches(self) -> AsyncIterator[AsyncMiniBatch]:
+    async def mini_batches(self, *, passes: int = 1) -> AsyncIterator[AsyncMiniBatch]:
         """Mini-batches in order until the sidecar's assignment source ends (never, for a live job); like
         :meth:`TrainerClient.mini_batches`, the next one is taken once the previous one is drained and its
-        optimizer step reported."""
-        minis = self._client.mini_batches()
+        optimizer step reported. ``passes``: ``async for`` each mini-batch that many times (``ppo_epochs``)."""
+        minis = self._client.mini_batches(passes=passes)
         try:
             while (mini := await self.step(minis)) is not None:
                 yield AsyncMiniBatch(mini, self)
@@ -109,7 +112,7 @@ class AsyncTrainerClient:
 
 
 class AsyncMiniBatch:
-    """One mini-batch: ``async for`` it once for its micro-batches, in consumption order. The sync
+    """One mini-batch: ``async for`` it ``passes`` times for its micro-batches, in consumption order. The sync
     :class:`~knittrans.trainer.MiniBatch` it drives is :attr:`sync` (for its plan, encoding uses, ...)."""
 
     def __init__(self, mini: MiniBatch, client: AsyncTrainerClient) -> None:
@@ -150,6 +153,11 @@ class AsyncMiniBatch:
         return self._mini.num_microbatches
 
     @property
+    def passes(self) -> int:
+        """How many times this mini-batch is iterated (``mini_batches(passes=...)``)."""
+        return self._mini.passes
+
+    @property
     def global_loss_tokens(self) -> int:
         """Loss tokens of the whole mini-batch over every rank: divide summed token losses by this."""
         return self._mini.global_loss_tokens
@@ -167,7 +175,7 @@ class AsyncMiniBatch:
         return await self._client.call(lambda: self._mini.context)
 
     def __aiter__(self) -> AsyncIterator[MicroBatch]:
-        return self._micro_batches(iter(self._mini))  # iter() refuses a second pass at once
+        return self._micro_batches(iter(self._mini))  # iter() refuses a pass beyond ``passes`` at once
 
     async def _micro_batches(self, micros: Iterator[MicroBatch]) -> AsyncIterator[MicroBatch]:
         try:

@@ -33,7 +33,7 @@ from knittrans.client.model import (
     status_from_proto,
 )
 from knittrans.client.transport import BlockingTransport
-from knittrans.reservations import UnitReservation
+from knittrans.reservations import ReserveResult, UnitReservation
 from knittrans.retry import RetryPolicy
 from knittrans.steps import StepId
 from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
@@ -103,9 +103,9 @@ class AdmissionClient:
     def reserve_units(
         self, reservations: Sequence[UnitReservation], *, request_id: str | None = None,
         deadline: timedelta | None = None,
-    ) -> int:
-        """Reserve the multimodal units these trajectories will reference, before writing them (see
-        ``ReserveUnits`` in the proto); returns how many reservations were new."""
+    ) -> ReserveResult:
+        """Reserve the units these trajectories will reference, before writing them (see ``ReserveUnits`` in the
+        proto): how many reservations were new, and which trajectories were already reported."""
         return run_to_completion(self._client.reserve_units(reservations, request_id=request_id, deadline=deadline))
 
     def cancel_reservations(

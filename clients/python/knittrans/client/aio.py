@@ -39,7 +39,7 @@ from knittrans.client.model import (
     verdict_from_proto,
 )
 from knittrans.client.transport import AioTransport, Transport
-from knittrans.reservations import UnitReservation
+from knittrans.reservations import ReserveResult, UnitReservation
 from knittrans.retry import RetryPolicy
 from knittrans.steps import StepId
 from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
@@ -103,13 +103,14 @@ class AsyncAdmissionClient:
     async def reserve_units(
         self, reservations: Sequence[UnitReservation], *, request_id: str | None = None,
         deadline: timedelta | None = None,
-    ) -> int:
-        """Reserve the multimodal units these trajectories will reference, before writing them (see
-        ``ReserveUnits`` in the proto); returns how many reservations were new."""
+    ) -> ReserveResult:
+        """Reserve the units these trajectories will reference, before writing them (see ``ReserveUnits`` in the
+        proto): how many reservations were new, and which trajectories were already reported."""
         request = pb.ReserveUnitsRequest(request_id=request_id or new_request_id(),
                                          reservations=reservations_to_proto(reservations))
         response: pb.ReserveUnitsResponse = await self._idempotent("ReserveUnits", request, deadline)
-        return response.reserved
+        return ReserveResult(reserved=response.reserved,
+                             already_reported=frozenset(TrajectoryId(t) for t in response.already_reported))
 
     async def cancel_reservations(
         self, trajectory_ids: Sequence[TrajectoryId], *, request_id: str | None = None,

@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from knittrans.client.admission import AdmissionClient, ReportOutcome
 from knittrans.errors import Conflict, InvalidArgument, KnitTransError
-from knittrans.reservations import UnitReservation
+from knittrans.reservations import ReserveResult, UnitReservation
 from knittrans.types import TrajectoryId, TrajectoryMeta
 
 logger = logging.getLogger(__name__)
@@ -62,8 +62,8 @@ class BatchingReporter:
         self._sender = threading.Thread(target=self._run, name="knittrans-reporter", daemon=True)
         self._sender.start()
 
-    def reserve_units(self, reservations: Sequence[UnitReservation]) -> None:
-        self._client.reserve_units(reservations)
+    def reserve_units(self, reservations: Sequence[UnitReservation]) -> ReserveResult:
+        return self._client.reserve_units(reservations)
 
     def cancel_reservations(self, trajectory_ids: Sequence[TrajectoryId]) -> None:
         self._client.cancel_reservations(trajectory_ids)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from knittrans.plan.geometry import chunk_padded_spans, cp_read_spans
+from knittrans.plan.geometry import chunk_padded_spans, covered_spans, cp_read_spans
 from knittrans.types import (
     ByteRange,
     ConsumerId,
@@ -223,6 +223,7 @@ class AssignmentSource:
     unit_reads: Sequence[UnitRead]
     unit_field_names: Sequence[str]
     unit_token_aligned: Sequence[bool]
+    unit_first_tokens: Sequence[int]  # the token of each unit's row 0: response_start for a response-only one
     route: dict[str, list[int]]  # ROUTE_LISTS
     reference_trajectories: Sequence[int]
     reference_starts: Sequence[int]
@@ -236,6 +237,19 @@ class AssignmentSource:
             if tp_rank == 0:
                 by_trajectory[trajectories[reference]].append(row)
         return by_trajectory
+
+
+def token_field_read(unit: UnitRef, spans: Sequence[tuple[int, int]], first_token: int, look_ahead: bool) -> FieldRead:
+    """The read of a per-token unit's token ``spans`` (sequence coordinates, already inside the unit's tokens). The
+    unit's row 0 is token ``first_token`` (a response-only unit's ``response_start``), so its bytes are the spans
+    shifted by that: exact byte ranges, nothing for the prompt."""
+    header = unit.header
+    return FieldRead(
+        unit=unit,
+        spans=tuple(TokenSpan(start=s, end=e) for s, e in spans),
+        byte_ranges=tuple(header.byte_range(TokenSpan(start=s - first_token, end=e - first_token)) for s, e in spans),
+        look_ahead=look_ahead,
+    )
 
 
 class ItemLayout(NamedTuple):
@@ -277,16 +291,18 @@ def expand_item(source: AssignmentSource, t: int, cp_rank: int) -> ItemLayout:
     num_tokens = source.num_tokens[t]
     label_fields = source.label_fields
     unit_reads, names, token_aligned = source.unit_reads, source.unit_field_names, source.unit_token_aligned
+    first_tokens = source.unit_first_tokens
     reads: list[tuple[int, bool, list[tuple[int, int]] | None]] = []
-    by_look_ahead: dict[bool, list[tuple[int, int]]] = {}  # the same spans for every field of the item
+    by_look_ahead: dict[tuple[bool, int], list[tuple[int, int]]] = {}  # the same spans for most fields of the item
     for k in range(source.unit_offsets[t], source.unit_offsets[t + 1]):
         read = unit_reads[k]
         if read == UnitRead.TOKENS:
             # Label fields (labels are the next token) and token-aligned fields (packed shifted by one).
             look_ahead = names[k] in label_fields or token_aligned[k]
-            token_spans = by_look_ahead.get(look_ahead)
+            key = (look_ahead, first_tokens[k])
+            token_spans = by_look_ahead.get(key)
             if token_spans is None:
-                token_spans = by_look_ahead[look_ahead] = cp_read_spans(spans, num_tokens, look_ahead)
+                token_spans = by_look_ahead[key] = covered_spans(cp_read_spans(spans, num_tokens, look_ahead), key[1])
             reads.append((k, look_ahead, token_spans))
         elif read == UnitRead.WHOLE:
             reads.append((k, False, None))
@@ -318,9 +334,7 @@ def item_assignment(
             whole = ByteRange(offset=0, length=unit.header.byte_length)
             reads.append(FieldRead(unit=unit, spans=(), byte_ranges=(whole,)))
         else:
-            spans = tuple(TokenSpan(start=s, end=e) for s, e in token_spans)
-            reads.append(FieldRead(unit=unit, spans=spans, byte_ranges=tuple(unit.header.byte_range(s) for s in spans),
-                                   look_ahead=look_ahead))
+            reads.append(token_field_read(unit, token_spans, meta.first_token(unit), look_ahead))
     return ItemAssignment(
         trajectory_index=layout.trajectory,
         trajectory=meta,
@@ -362,6 +376,7 @@ def assignment_source(plan: Plan) -> AssignmentSource:
         unit_reads=[UnitRead.of(u.kind) for u in units],
         unit_field_names=[u.field_name for u in units],
         unit_token_aligned=[u.alignment is FieldAlignment.TOKEN for u in units],
+        unit_first_tokens=[t.first_token(u) for t in plan.trajectories for u in t.units],
         route={name: getattr(plan.route, name).tolist() for name in ROUTE_LISTS},
         reference_trajectories=plan.reference_trajectories.tolist(),
         reference_starts=plan.placeholders[:, 0].tolist(),

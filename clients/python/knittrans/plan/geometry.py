@@ -64,6 +64,14 @@ def cp_read_spans(chunk_spans: Sequence[Sequence[int]], num_tokens: int, look_ah
     return merge_spans([(int(s), min(int(e) + extra, num_tokens)) for s, e in chunk_spans if e > s])
 
 
+def covered_spans(spans: Sequence[tuple[int, int]], first_token: int) -> list[tuple[int, int]]:
+    """The parts of token ``spans`` a field whose rows start at token ``first_token`` holds: a response-only field
+    (rows from ``response_start`` on) is read there only, so no byte is read for the prompt."""
+    if not first_token:
+        return list(spans)
+    return [(max(start, first_token), end) for start, end in spans if end > max(start, first_token)]
+
+
 def clip_to_chunks(chunk_spans: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Placeholder ranges ``[starts, ends)`` (one per reference) cut by the real tokens of zigzag chunks
     (``chunk_spans[reference, ..., start|end]``, any chunk axes): ``(starts, ends)`` of shape ``chunk_spans[..., 0]``,

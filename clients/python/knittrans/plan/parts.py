@@ -22,7 +22,7 @@ from knittrans.plan.assignment import (
     assignment_source,
     consumer_assignment,
 )
-from knittrans.plan.geometry import cp_read_spans
+from knittrans.plan.geometry import covered_spans, cp_read_spans
 from knittrans.plan.validate import validate_plan
 from knittrans.types import (
     BACKBONE_ROLE,
@@ -374,14 +374,13 @@ class Plan:
         return unit.field_name in self.label_fields or unit.alignment is FieldAlignment.TOKEN
 
     def read_spans(self, trajectory: int, cp_rank: int, field_name: str) -> tuple[TokenSpan, ...]:
-        """Token ranges of a per-token field that ``cp_rank`` reads (see :meth:`needs_look_ahead`)."""
-        spans = self.backbone.cp_spans[trajectory, cp_rank]
-        unit = next((u for u in self.trajectories[trajectory].units if u.field_name == field_name), None)
+        """Token ranges of a per-token field that ``cp_rank`` reads (see :meth:`needs_look_ahead`); a response-only
+        field's lie inside its response."""
+        spans, meta = self.backbone.cp_spans[trajectory, cp_rank], self.trajectories[trajectory]
+        unit = next((u for u in meta.units if u.field_name == field_name), None)
         look_ahead = field_name in self.label_fields if unit is None else self.needs_look_ahead(unit)
-        return tuple(
-            TokenSpan(start=s, end=e)
-            for s, e in cp_read_spans(spans, int(self.num_tokens[trajectory]), look_ahead)
-        )
+        read = covered_spans(cp_read_spans(spans, meta.num_tokens, look_ahead), meta.first_token(unit) if unit else 0)
+        return tuple(TokenSpan(start=s, end=e) for s, e in read)
 
     def encoding(self, encoding_id: int) -> Encoding:
         table = self.encodings

@@ -6,6 +6,7 @@ a sidecar needs nothing but it. Conversions from messages name the field of any 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 from typing import cast
@@ -36,7 +37,7 @@ from knittrans.plan.parts import (
     PlanQuality,
     RouteMap,
 )
-from knittrans.types import ByteRange, TokenSpan, TrajectoryId, UnitKey, UnitKind
+from knittrans.types import BACKBONE_ROLE, ByteRange, ConsumerId, TokenSpan, TrajectoryId, UnitKey, UnitKind
 from knittrans.v1 import plan_pb2, trajectory_pb2
 from knittrans.wire import (
     consumer_from_proto,
@@ -51,6 +52,10 @@ from knittrans.wire import (
     unit_ref_to_proto,
 )
 from knittrans.wire.enums import UNIT_KIND_FROM_PROTO, UNIT_KIND_TO_PROTO
+
+# EncodingRoutes' columns, in RouteEntry field order.
+ROUTE_FIELDS = ("dp_ranks", "cp_ranks", "tp_ranks", "microbatches", "trajectory_indices", "trajectory_ids",
+                "references", "position_starts", "position_ends", "row_starts")
 
 
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
@@ -227,19 +232,7 @@ def _encoding_to_proto(assignment: EncodingAssignment) -> plan_pb2.EncodingAssig
         cost=enc.cost,
         kind=_kind_to_proto(enc.kind),
         num_rows=enc.num_rows,
-        routes=[
-            plan_pb2.RouteEntry(
-                consumer=consumer_to_proto(r.consumer),
-                tp_rank=r.tp_rank,
-                microbatch=r.microbatch,
-                trajectory_index=r.trajectory_index,
-                trajectory_id=r.trajectory_id,
-                reference=r.reference,
-                positions=_span_to_proto(r.positions),
-                row_start=r.row_start,
-            )
-            for r in assignment.routes
-        ],
+        routes=routes_to_proto(assignment.routes),
     )
     if enc.header is not None:
         message.header.CopyFrom(header_to_proto(enc.header))
@@ -261,20 +254,47 @@ def encoding_assignment_from_proto(e: plan_pb2.EncodingAssignment, path: str = "
         kind=_kind_from_proto_number(e.kind, f"{path}.kind"),
         header=within(f"{path}.header", lambda: header_from_proto(e.header)) if e.HasField("header") else None,
     )
-    routes = tuple(
-        RouteEntry(
-            consumer=within(f"{path}.routes[{k}].consumer", partial(consumer_from_proto, r.consumer)),
-            tp_rank=r.tp_rank,
-            microbatch=r.microbatch,
-            trajectory_index=r.trajectory_index,
-            trajectory_id=TrajectoryId(r.trajectory_id),
-            reference=r.reference,
-            positions=_span_from_proto(r.positions, f"{path}.routes[{k}].positions"),
-            row_start=r.row_start,
-        )
-        for k, r in enumerate(e.routes)
-    )
+    routes = routes_from_proto(e.routes, f"{path}.routes")
     return EncodingAssignment(encoding=encoding, routes=routes)
+
+
+def routes_to_proto(routes: Sequence[RouteEntry]) -> plan_pb2.EncodingRoutes:
+    """An encoding's destinations as the message's parallel columns."""
+    return plan_pb2.EncodingRoutes(
+        dp_ranks=[r.consumer.dp_rank for r in routes],
+        cp_ranks=[r.consumer.cp_rank for r in routes],
+        tp_ranks=[r.tp_rank for r in routes],
+        microbatches=[r.microbatch for r in routes],
+        trajectory_indices=[r.trajectory_index for r in routes],
+        trajectory_ids=[r.trajectory_id for r in routes],
+        references=[r.reference for r in routes],
+        position_starts=[r.positions.start for r in routes],
+        position_ends=[r.positions.end for r in routes],
+        row_starts=[r.row_start for r in routes],
+    )
+
+
+def routes_from_proto(columns: plan_pb2.EncodingRoutes, path: str = "routes") -> tuple[RouteEntry, ...]:
+    """An encoding's destinations from the message's columns (every column must have one entry per destination;
+    each destination is a backbone consumer)."""
+    lengths = {name: len(getattr(columns, name)) for name in ROUTE_FIELDS}
+    count = lengths["dp_ranks"]
+    for name, length in lengths.items():
+        if length != count:
+            raise InvalidArgument(f"has {length} entries, dp_ranks has {count}", field=f"{path}.{name}")
+    consumers: dict[tuple[int, int], ConsumerId] = {}
+    entries = []
+    rows = zip(*(getattr(columns, name) for name in ROUTE_FIELDS), strict=True)
+    for k, (dp, cp, tp, mb, t, tid, r, start, end, row) in enumerate(rows):
+        consumer = consumers.get((dp, cp))
+        if consumer is None:
+            consumer = consumers[(dp, cp)] = ConsumerId(role=BACKBONE_ROLE, dp_rank=dp, cp_rank=cp)
+        if end < start:
+            raise InvalidArgument(f"end {end} is before start {start}", field=f"{path}.position_ends[{k}]")
+        entries.append(RouteEntry(consumer=consumer, tp_rank=tp, microbatch=mb, trajectory_index=t,
+                                  trajectory_id=TrajectoryId(tid), reference=r,
+                                  positions=TokenSpan(start=start, end=end), row_start=row))
+    return tuple(entries)
 
 
 def _kind_to_proto(kind: UnitKind) -> trajectory_pb2.UnitKind:

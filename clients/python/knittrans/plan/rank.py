@@ -25,8 +25,9 @@ from knittrans.plan.assignment import (
     FieldRead,
     ItemAssignment,
     MicroBatchAssignment,
+    token_field_read,
 )
-from knittrans.plan.geometry import chunk_padded_spans, clip_to_chunks, cp_read_spans, zigzag_spans
+from knittrans.plan.geometry import chunk_padded_spans, clip_to_chunks, covered_spans, cp_read_spans, zigzag_spans
 from knittrans.types import BACKBONE_ROLE, ByteRange, ConsumerId, FieldAlignment, TokenSpan, TrajectoryMeta, UnitKind
 
 if TYPE_CHECKING:
@@ -124,18 +125,17 @@ def _item(
         for k, (c, start, end) in enumerate(chunk_padded_spans(item.padded_tokens, cp, cp_rank))
     )
     reads = []
-    by_look_ahead: dict[bool, tuple[TokenSpan, ...]] = {}  # the same spans for every field of the item
+    by_look_ahead: dict[tuple[bool, int], list[tuple[int, int]]] = {}  # the same spans for most fields of the item
     for unit in meta.units:
         if unit.kind is UnitKind.TOKEN_FIELD:
             # Label fields (labels are the next token) and token-aligned fields (packed shifted by one).
             look_ahead = unit.field_name in label_fields or unit.alignment is FieldAlignment.TOKEN
-            token_spans = by_look_ahead.get(look_ahead)
+            key = (look_ahead, meta.first_token(unit))
+            token_spans = by_look_ahead.get(key)
             if token_spans is None:
-                token_spans = by_look_ahead[look_ahead] = tuple(
-                    TokenSpan(start=s, end=e) for s, e in cp_read_spans(spans, meta.num_tokens, look_ahead))
-            reads.append(FieldRead(unit=unit, spans=token_spans,
-                                   byte_ranges=tuple(unit.header.byte_range(s) for s in token_spans),
-                                   look_ahead=look_ahead))
+                token_spans = by_look_ahead[key] = covered_spans(cp_read_spans(spans, meta.num_tokens, look_ahead),
+                                                                 key[1])
+            reads.append(token_field_read(unit, token_spans, key[1], look_ahead))
         elif unit.kind is UnitKind.FIELD:
             reads.append(FieldRead(unit=unit, spans=(), byte_ranges=(ByteRange(offset=0,
                                                                                 length=unit.header.byte_length),)))

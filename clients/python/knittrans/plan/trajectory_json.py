@@ -18,6 +18,7 @@ from typing import Any
 from knittrans.config import build
 from knittrans.errors import InvalidArgument, within
 from knittrans.types import (
+    Coverage,
     DType,
     FieldAlignment,
     MultimodalRef,
@@ -145,13 +146,21 @@ def _kind_from_json(value: str, field: str) -> UnitKind:
         raise InvalidArgument(f"must be one of {choices}, got {value!r}", field=field) from None
 
 
+def _coverage_from_json(value: str, field: str) -> Coverage:
+    try:
+        return Coverage(value)
+    except ValueError:
+        raise InvalidArgument(f"must be sequence or response, got {value!r}", field=field) from None
+
+
 def trajectory_to_json_dict(meta: TrajectoryMeta) -> dict[str, Any]:
     """The JSON form of a trajectory's metadata (one line of a BATCH.jsonl file; see docs/plan-format.md)."""
     data: dict[str, Any] = {name: getattr(meta, name) for name in _TRAJECTORY_KEYS}  # plain fields as they are
     data["segments"] = [{"version": s.version, "num_tokens": s.num_tokens} for s in meta.segments]
     data["units"] = [
         {"key": u.key, "field_name": u.field_name, "kind": u.kind.value, "header": _header_to_json_dict(u.header),
-         **({"alignment": u.alignment.value} if u.alignment is not None else {})}
+         **({"alignment": u.alignment.value} if u.alignment is not None else {}),
+         **({"coverage": u.coverage.value} if u.coverage is not Coverage.SEQUENCE else {})}
         for u in meta.units
     ]
     data["multimodal"] = [
@@ -268,13 +277,14 @@ def trajectory_from_json_dict(data: Any, path: str = "") -> TrajectoryMeta:
         )
     units = []
     for i, raw in enumerate(f.list("units", [])):
-        u = Fields(raw, f"{f.field('units')}[{i}]", ("key", "field_name", "kind", "header", "alignment"))
+        u = Fields(raw, f"{f.field('units')}[{i}]", ("key", "field_name", "kind", "header", "alignment", "coverage"))
         header = _header_from_json_dict(u.raw("header"), u.field("header"))
         kind = _kind_from_json(u.str("kind"), u.field("kind"))
         key, field_name = UnitKey(u.str("key")), u.str("field_name")
         alignment = FieldAlignment.parse(u.str("alignment"), u.field("alignment")) if u.has("alignment") else None
+        coverage = _coverage_from_json(u.str("coverage", Coverage.SEQUENCE.value), u.field("coverage"))
         units.append(within(u.path, partial(UnitRef, key=key, field_name=field_name, kind=kind, header=header,
-                                            alignment=alignment)))
+                                            alignment=alignment, coverage=coverage)))
     multimodal = []
     for i, raw in enumerate(f.list("multimodal", [])):
         m = Fields(raw, f"{f.field('multimodal')}[{i}]", ("key", "encoder", "cost", "placeholder", "kind", "header"))

@@ -4,7 +4,7 @@ internals."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,8 @@ class Staged:
     released: bool = False
     waited: float = 0.0  # how long the training loop waited for it to be staged
     failure: MiniBatchFailed | None = None  # the sidecar could not deliver it: raised in its place
+    owned: bool = False  # the tensors are this process's memory (a copy), not views of the slot
+    rounds_before: int = 0  # delivery rounds the client had learnt of when it was staged
 
 
 class MicroBatch:
@@ -125,15 +127,32 @@ class MiniBatchFeed:
     release: Callable[[Staged], None]  # free its slot in the sidecar's ring (once; again is a no-op)
     complete: Callable[[MiniBatch], None]  # report the mini-batch's optimizer step (once)
     context: Callable[[int], MiniBatchContext]  # what the sidecar retains about a mini-batch
+    own: Callable[[Staged], None] = lambda staged: None  # copy its tensors out of the slot (unless they are)
+    restarted_since: Callable[[Staged], bool] = lambda staged: False  # a delivery round began after it was staged
 
 
 class MiniBatch:
-    """One mini-batch: iterate it once for its micro-batches, in consumption order."""
+    """One mini-batch: iterate it ``passes`` times (``TrainerClient.mini_batches(passes=...)``) for its
+    micro-batches, in consumption order, the same ones every time.
 
-    def __init__(self, feed: MiniBatchFeed, first: Staged, rest: list[Staged] | None = None) -> None:
+    Several passes never read the store again: pass 0 takes the micro-batches from the sidecar and keeps them
+    (their tensors copied out of their slots, the copy made by the prefetch thread; the last micro-batch's slot
+    is held instead, so the sidecar counts this rank as partway through the mini-batch until its last pass);
+    passes 1.. yield what was kept. A delivery round that starts during any pass (a TP rank of the consumer
+    restarted) raises :class:`~knittrans.errors.MiniBatchRestarted`: the mini-batch comes again, from pass 0."""
+
+    def __init__(self, feed: MiniBatchFeed, first: Staged, rest: list[Staged] | None = None, *,
+                 passes: int = 1) -> None:
+        if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+            raise InvalidArgument(f"must be a positive integer, got {passes!r}", field="passes")
         self._feed = feed
         self._first = first
         self._eager = rest
+        self.passes = passes
+        self._passes_begun = 0
+        self._active: Iterator[MicroBatch] | None = None  # the iterator of the pass under way
+        self._kept: list[Staged] = []  # pass 0's micro-batches, for the later passes
+        self._held: Staged | None = None  # the last micro-batch, its slot held until the last pass
         self._started = False
         self._done = False
         self._current: Staged | None = None
@@ -241,68 +260,157 @@ class MiniBatch:
 
     # ---- iteration -------------------------------------------------------------------------------------------
 
+    @property
+    def pass_index(self) -> int:
+        """The pass under way (or the last one begun): 0 .. passes - 1."""
+        return max(self._passes_begun - 1, 0)
+
     def __iter__(self) -> Iterator[MicroBatch]:
-        if self._started:
-            raise FailedPrecondition("a mini-batch is iterated once")
+        if self.restarted:
+            raise FailedPrecondition("this mini-batch was restarted: it comes again from mini_batches()")
+        if self._passes_begun >= self.passes:
+            raise FailedPrecondition(f"a mini-batch is iterated {self.passes} time(s); ask mini_batches(passes=N) "
+                                     "for more passes", field="passes")
+        self._close_active()
+        self._passes_begun += 1
         self._started = True
-        return self._micro_batches()
+        if self._eager is not None:
+            self._active = self._eager_pass()
+        elif self._passes_begun == 1:
+            self._active = self._micro_batches()
+        else:
+            self._active = self._later_pass()
+        return self._active
+
+    def _close_active(self) -> None:
+        """End the iterator of an earlier pass the loop left (its clean-up releases what it was on)."""
+        active, self._active = self._active, None
+        if isinstance(active, Generator):
+            active.close()
+
+    def _eager_pass(self) -> Iterator[MicroBatch]:
+        assert self._eager is not None
+        for staged in [self._first, *self._eager]:
+            if staged.failure is not None:
+                self._done = True
+                raise staged.failure
+            yield MicroBatch(staged)
+        self._pass_done()
 
     def _micro_batches(self) -> Iterator[MicroBatch]:
-        if self._eager is not None:
-            for staged in [self._first, *self._eager]:
-                if staged.failure is not None:
-                    self._done = True
-                    raise staged.failure
-                yield MicroBatch(staged)
-            self._done = True
-            return
         staged = self._first
         try:
             while True:
                 if staged.failure is not None:  # the last of the mini-batch: nothing follows it
                     self._last_seen = staged.descriptor
                     self._feed.release(staged)
-                    self._done = True
+                    self._finish()
                     raise staged.failure
                 self._current = staged
                 self._last_seen = staged.descriptor
+                self._keep(staged)
                 self._feed.ready_for_use(staged)
                 yield MicroBatch(staged)
-                self._feed.release(staged)
+                self._let_go(staged)
                 self._current = None
                 if staged.descriptor.last_in_minibatch:
                     break
                 staged = self._take_next()
-            self._done = True
+            self._pass_done()
         finally:
             if self._current is not None:  # the loop left early: the views die with the iterator
-                self._feed.release(self._current)
+                self._let_go(self._current)
                 self._current = None
+
+    def _later_pass(self) -> Iterator[MicroBatch]:
+        self._take_rest()  # pass 0 was left early: its remaining micro-batches are taken (and kept) now
+        for staged in self._kept:
+            self._check_not_restarted()
+            self._feed.ready_for_use(staged)
+            yield MicroBatch(staged)
+        self._pass_done()
+
+    def _keep(self, staged: Staged) -> None:
+        if self.passes == 1:
+            return
+        if not staged.descriptor.last_in_minibatch:
+            self._feed.own(staged)
+        self._kept.append(staged)
+
+    def _let_go(self, staged: Staged) -> None:
+        """Done with ``staged`` in pass 0: free its slot, unless it is the last one and passes follow."""
+        if self.passes > 1 and staged.descriptor.last_in_minibatch and not self._done:
+            self._held = staged
+        else:
+            self._feed.release(staged)
+
+    def _take_rest(self) -> None:
+        staged: Staged | None = self._first if self._last_seen is None else None  # pass 0 never began
+        while True:
+            if staged is None:
+                if self._last_seen is not None and self._last_seen.last_in_minibatch:
+                    return
+                staged = self._take_next()
+            self._last_seen = staged.descriptor
+            if staged.failure is not None:
+                self._feed.release(staged)
+                self._finish()
+                raise staged.failure
+            self._keep(staged)
+            self._let_go(staged)
+            staged = None
+
+    def _check_not_restarted(self) -> None:
+        if self._feed.restarted_since(self._first):
+            self.restarted = True
+            self._finish()
+            raise MiniBatchRestarted(
+                f"mini-batch {self.sequence} was restarted in pass {self.pass_index}: a TP rank of this consumer "
+                "restarted; drop its partial gradient, it comes again from pass 0",
+                sequence=self.sequence, train_batch_index=self.train_batch_index,
+                minibatch_index=self.minibatch_index)
+
+    def _pass_done(self) -> None:
+        if self._passes_begun >= self.passes:  # the last pass ended (earlier ones may have been left early)
+            self._finish()
+
+    def _finish(self) -> None:
+        """The mini-batch is over here: free the held slot (the sidecar may now acknowledge it), drop the copies."""
+        self._done = True
+        held, self._held = self._held, None
+        if held is not None:
+            self._feed.release(held)
+        self._kept = []
 
     def _take_next(self) -> Staged:
         try:
             return self._feed.take_next_of(self.sequence)
         except MiniBatchRestarted as error:
             error.train_batch_index, error.minibatch_index = self.train_batch_index, self.minibatch_index
-            self.restarted = self._done = True
+            self.restarted = True
+            self._finish()
             raise
 
     def drain(self) -> None:
-        """Consume (and release) what the training loop did not iterate, so the next mini-batch lines up.
+        """Consume (and release) what the training loop did not iterate, so the next mini-batch lines up; passes
+        the loop did not iterate are dropped.
 
         :meth:`TrainerClient.mini_batches` does this before it takes the next mini-batch."""
+        self._close_active()
         if self._done:
             return
         if self._eager is not None:  # everything was taken (and released) before the mini-batch was yielded
-            self._done = True
+            self._finish()
             return
         if not self._started:
+            self.passes = 1  # nobody looks at it: take it once, keeping nothing
             try:
                 for _ in self:
                     pass
             except (MiniBatchFailed, MiniBatchRestarted):  # nobody looked at it; what comes next matters now
                 pass
             return
+        self._done = True  # from here on, nothing is kept or held
         if self._current is not None:  # the iterator is suspended on it (the loop stopped without closing it)
             self._feed.release(self._current)
             self._current = None
@@ -314,8 +422,12 @@ class MiniBatch:
                 return
             self._feed.release(staged)
             last = staged.descriptor.last_in_minibatch
-        self._done = True
+        self._finish()
 
     def complete(self) -> None:
-        """Report now that this mini-batch's optimizer step is done (otherwise done when the next is taken)."""
+        """Report now that this mini-batch's optimizer step is done (otherwise done when the next is taken). With
+        several passes, only once the last pass was iterated to its end: the step is after the last pass."""
+        if self.passes > 1 and not self._done:
+            raise FailedPrecondition(f"mini-batch {self.sequence} is in pass {self.pass_index} of {self.passes}; "
+                                     "its optimizer step comes after the last pass ends", field="passes")
         self._feed.complete(self)

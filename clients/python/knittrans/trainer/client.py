@@ -23,6 +23,24 @@ ranks and micro-batches is exactly ``mini.global_loss_tokens`` (docs/integration
 Each micro-batch's tensors view the sidecar's shared memory (zero copy; on CUDA, a staged GPU copy). They are
 valid until the iterator moves past the micro-batch: the slot is released then and the sidecar reuses it.
 
+Several passes over each mini-batch (PPO's ``ppo_epochs``): ``client.mini_batches(passes=n)``, then iterate
+``mini`` n times; every pass yields the same micro-batches in the same order, and nothing is read from the store
+again. The client keeps them: on CPU the prefetch thread copies each out of its slot (whose release then lets
+the sidecar go on), on CUDA the staged GPU copy is kept (the mini-batch's part of this rank stays in GPU memory
+until its last pass); the last micro-batch's slot is held until the last pass instead. The optimizer step is
+reported after the last pass, and a TP rank's restart during any pass raises ``MiniBatchRestarted``: the
+mini-batch comes again from pass 0. ::
+
+    for mini in client.mini_batches(passes=ppo_epochs):
+        try:
+            for epoch in range(ppo_epochs):
+                for micro in mini:
+                    ...backward()
+                optimizer.step()
+        except MiniBatchRestarted:
+            optimizer.zero_grad()
+            continue
+
 A background thread prefetches the next micro-batches (long-polling ``NextMicroBatch``): on CPU it maps the
 slot in and builds the tensor views; with CUDA it copies the slot into pinned memory and on to the GPU with a
 CUDA event. ``mode="eager"`` (the ablation) materialises the whole mini-batch before yielding it, copying each
@@ -131,16 +149,26 @@ class TrainerClient:
                                                    restored_step=self._restored_step)
         self._feed = MiniBatchFeed(
             take_next_of=prefetcher.take_next_of, ready_for_use=self._ready_for_use, release=prefetcher.release,
-            complete=self._complete, context=self.minibatch_context,
+            complete=self._complete, context=self.minibatch_context, own=prefetcher.own,
+            restarted_since=prefetcher.restarted_since,
         )
 
-    def mini_batches(self) -> Iterator[MiniBatch]:
-        """Mini-batches in order until the sidecar's assignment source ends (never, for a live job)."""
+    def mini_batches(self, *, passes: int = 1) -> Iterator[MiniBatch]:
+        """Mini-batches in order until the sidecar's assignment source ends (never, for a live job).
+
+        ``passes``: how many times the loop iterates each mini-batch (PPO's ``ppo_epochs``): ``for micro in
+        mini`` that many times yields the same micro-batches in the same order, read from the store once. The
+        mini-batch's optimizer step is reported after its last pass (see :class:`MiniBatch`)."""
+        if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+            raise InvalidArgument(f"must be a positive integer, got {passes!r}", field="passes")
         if self._iterating:
             raise FailedPrecondition("mini_batches() is already being iterated")
         self._iterating = True
         prefetcher, feed = self._prefetcher, self._feed
         assert prefetcher is not None and feed is not None  # the constructor started them
+        if passes > 1:
+            self._stager.copy_for_passes = True
+            prefetcher.watch_rounds = True
         while True:
             first = prefetcher.take()
             if first is None:
@@ -158,7 +186,7 @@ class TrainerClient:
                 except MiniBatchRestarted:  # nothing of it was yielded: take it again from its start
                     continue
                 self.stats.waits.append(first.waited)
-            mini = MiniBatch(feed, first, rest)
+            mini = MiniBatch(feed, first, rest, passes=passes)
             yield mini
             mini.drain()
             if mini.restarted:

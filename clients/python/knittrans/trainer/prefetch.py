@@ -94,6 +94,12 @@ class Prefetcher:
         # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
         self.session = uuid.uuid4().hex
         self.completed_through = 0  # the training loop finished every mini-batch up to this sequence
+        # Delivery rounds this client learnt of, counted before anything of the new round is staged, so a
+        # mini-batch in a later pass (it takes nothing more) sees a restart by comparing with its first Staged.
+        self.rounds_started = 0
+        # Set while each mini-batch is iterated several times: a later pass takes nothing, so a prefetch thread
+        # blocked on a full queue asks the sidecar for its delivery round instead of waiting for the loop.
+        self.watch_rounds = False
         self._restored = None if restored_step is None else pb.RestoredStep(
             train_batch_index=restored_step.train_batch_index, minibatch_index=restored_step.minibatch_index)
         tp_rank = settings.tp_rank
@@ -170,6 +176,16 @@ class Prefetcher:
             )
         return staged
 
+    def restarted_since(self, staged: Staged) -> bool:
+        """A delivery round began after ``staged`` was staged: its mini-batch comes again from micro-batch 0."""
+        return self.rounds_started > staged.rounds_before
+
+    def own(self, staged: Staged) -> None:
+        """Make ``staged``'s tensors this process's own, so they outlive its slot (several passes)."""
+        if not staged.owned:
+            staged.tensors = self._stager.own(staged.tensors)
+            staged.owned = True
+
     def release(self, staged: Staged) -> None:
         if staged.released:
             return
@@ -201,6 +217,7 @@ class Prefetcher:
         delivery_round = 0
         after = 0
         last_key: tuple[int, int] = (0, -1)
+        partway = False  # the last micro-batch handed to the loop was not the last of its mini-batch
         unreachable = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
         idle_since = time.monotonic()
         while not self._stop.is_set():
@@ -232,8 +249,8 @@ class Prefetcher:
             if incarnation and response.incarnation == incarnation and response.delivery_round > delivery_round:
                 # Withdrawn before any descriptor of the new round could be published: give back the slots now.
                 delivery_round = response.delivery_round
-                last_key = (0, -1)
-                if not self._new_round(delivery_round, response):
+                last_key, partway = (0, -1), False
+                if not self._new_round(delivery_round, response.descriptor.sequence):
                     return
             if response.HasField("descriptor"):
                 descriptor = MicroBatchDescriptor.from_proto(response.descriptor)
@@ -246,37 +263,48 @@ class Prefetcher:
                     delivery_round = descriptor.delivery_round
                 elif descriptor.delivery_round > delivery_round:
                     delivery_round = descriptor.delivery_round
-                    last_key = (0, -1)  # the loop skips what it finished; the rest comes again from its start
-                    if not self._new_round(delivery_round, response):
+                    last_key, partway = (0, -1), False  # the loop skips what it finished; the rest comes again
+                    if not self._new_round(delivery_round, descriptor.sequence):
                         return
                 after = descriptor.ticket
-                if descriptor.key <= last_key:
+                # A restarted sidecar that cannot read the mini-batch this rank is partway through fails it at a
+                # micro-batch the rank may have taken already: the failure still ends the mini-batch, never skipped.
+                ends_partway = descriptor.failure is not None and partway and descriptor.sequence == last_key[0]
+                if descriptor.key <= last_key and not ends_partway:
                     self._stats.skipped_after_restart += 1
                     self._send_release(descriptor, waited=-1.0)
                     continue
                 if descriptor.failure is not None:
-                    failed = Staged(descriptor=descriptor, tensors={}, failure=failure_error(descriptor))
+                    failed = Staged(descriptor=descriptor, tensors={}, failure=failure_error(descriptor),
+                                    rounds_before=self.rounds_started)
                     if self._eager:
                         self._send_release(descriptor, waited=-1.0)
                         failed.released = True
-                    last_key = descriptor.key
+                    last_key, partway = max(last_key, descriptor.key), False
                     idle_since = time.monotonic()
                     if not self._put(failed):
                         return
                     continue
                 try:
-                    tensors, event = self._stager.stage(descriptor)
+                    tensors, event, owned = self._stager.stage(descriptor)
                 except Unavailable as error:  # its segment vanished: the sidecar died; its successor re-publishes
                     logger.warning("%s; waiting for the sidecar to come back", error)
                     continue
-                staged = Staged(descriptor=descriptor, tensors=tensors, event=event)
+                staged = Staged(descriptor=descriptor, tensors=tensors, event=event, owned=owned,
+                                rounds_before=self.rounds_started)
                 if self._eager:
                     self._send_release(descriptor, waited=-1.0)
                     staged.released = True
-                last_key = descriptor.key
+                last_key, partway = descriptor.key, not descriptor.last_in_minibatch
                 idle_since = time.monotonic()
-                if not self._put(staged):
+                queued_in = self._put_watching_rounds(staged, incarnation, delivery_round)
+                if queued_in is None:
                     return
+                if queued_in > delivery_round:  # a round began while it waited for room: it was withdrawn
+                    self.release(staged)
+                    delivery_round, last_key, partway = queued_in, (0, -1), False
+                    if not self._new_round(delivery_round, descriptor.sequence):
+                        return
             elif response.end_of_stream:
                 self._put(_END)
                 return
@@ -284,11 +312,31 @@ class Prefetcher:
                 raise DeadlineExceeded(f"no micro-batch from {settings.target} for "
                                        f"{settings.wait_timeout_seconds:.1f}s", field="sidecar")
 
-    def _new_round(self, delivery_round: int, response: pb.NextMicroBatchResponse) -> bool:
+    def _put_watching_rounds(self, item: Staged, incarnation: str, delivery_round: int) -> int | None:
+        """Queue ``item``: the delivery round it was queued in, or a later round that began while it waited for
+        room (``watch_rounds``; then it was not queued), or None when stopped."""
+        probed = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return delivery_round
+            except queue.Full:
+                if not self.watch_rounds or time.monotonic() - probed < 0.5:
+                    continue
+                probed = time.monotonic()
+                try:
+                    status = self._stub.GetReorgStatus(pb.GetReorgStatusRequest(), timeout=self._settings.poll_seconds)
+                except grpc.RpcError:
+                    continue  # the fetch loop finds out what became of the sidecar once it may poll again
+                if status.incarnation == incarnation and status.delivery_round > delivery_round:
+                    return int(status.delivery_round)
+        return None
+
+    def _new_round(self, delivery_round: int, sequence: int) -> bool:
         logger.warning("reorg sidecar %s started delivery round %d: a TP rank of the consumer restarted in the "
                        "middle of a mini-batch; it comes again from micro-batch 0", self._settings.target,
                        delivery_round)
-        sequence = response.descriptor.sequence if response.HasField("descriptor") else 0
+        self.rounds_started += 1
         put = self._withdraw_staged(RoundRestart(round=delivery_round, sequence=sequence))
         self._stats.minibatch_restarts += 1  # after the marker is queued: a loop that waits for it finds it
         return put

@@ -180,16 +180,26 @@ class Stager:
     def __init__(self, device: str, *, materialise: bool, prefetch: int) -> None:
         self.device = resolve_device(device)
         self._materialise = materialise
+        # Several passes over each mini-batch (TrainerClient.mini_batches(passes=...)): the micro-batches are kept
+        # after their slots are released, so the prefetch thread copies them out (off the training loop).
+        self.copy_for_passes = False
         self._segments = SegmentCache()
         self._cuda = CudaStager(self.device, buffers=prefetch + 2) if self.device.type == "cuda" else None
 
-    def stage(self, descriptor: MicroBatchDescriptor) -> tuple[dict[str, torch.Tensor], Any]:
+    def stage(self, descriptor: MicroBatchDescriptor) -> tuple[dict[str, torch.Tensor], Any, bool]:
+        """The micro-batch's tensors, the CUDA event of their copy (or None), and whether they are this process's
+        own memory (True) or views of the sidecar's slot, valid only until it is released (False)."""
         segment = self._segments.attach(descriptor)
         if self._cuda is not None:
-            return self._cuda.stage(segment, descriptor)
-        if self._materialise:
-            return private_tensors(segment, descriptor, pin=False), None
-        return shm_tensors(segment, descriptor), None
+            tensors, event = self._cuda.stage(segment, descriptor)
+            return tensors, event, True  # the GPU copy is private: the pinned buffer is what gets reused
+        if self._materialise or self.copy_for_passes:
+            return private_tensors(segment, descriptor, pin=False), None, True
+        return shm_tensors(segment, descriptor), None, False
+
+    def own(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Private copies of tensors that view a slot (staged before passes were asked for)."""
+        return {name: tensor.clone() for name, tensor in tensors.items()}
 
     def ready(self, tensors: dict[str, torch.Tensor], event: Any) -> None:
         wait_on_current_stream(tensors, event)

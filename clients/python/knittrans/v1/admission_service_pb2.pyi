@@ -315,10 +315,12 @@ class ReserveUnitsRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[UnitReservation, _Mapping]]] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class ReserveUnitsResponse(_message.Message):
-    __slots__ = ("reserved",)
+    __slots__ = ("reserved", "already_reported")
     RESERVED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_REPORTED_FIELD_NUMBER: _ClassVar[int]
     reserved: int
-    def __init__(self, reserved: _Optional[int] = ...) -> None: ...
+    already_reported: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, reserved: _Optional[int] = ..., already_reported: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CancelReservationsRequest(_message.Message):
     __slots__ = ("request_id", "trajectory_ids")

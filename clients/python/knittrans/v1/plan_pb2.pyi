@@ -303,25 +303,29 @@ class EncodingAssignment(_message.Message):
     kind: _trajectory_pb2.UnitKind
     header: _trajectory_pb2.UnitHeader
     num_rows: int
-    routes: _containers.RepeatedCompositeFieldContainer[RouteEntry]
-    def __init__(self, encoding_id: _Optional[int] = ..., key: _Optional[str] = ..., encoder: _Optional[str] = ..., cost: _Optional[float] = ..., kind: _Optional[_Union[_trajectory_pb2.UnitKind, str]] = ..., header: _Optional[_Union[_trajectory_pb2.UnitHeader, _Mapping]] = ..., num_rows: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[RouteEntry, _Mapping]]] = ...) -> None: ...
+    routes: EncodingRoutes
+    def __init__(self, encoding_id: _Optional[int] = ..., key: _Optional[str] = ..., encoder: _Optional[str] = ..., cost: _Optional[float] = ..., kind: _Optional[_Union[_trajectory_pb2.UnitKind, str]] = ..., header: _Optional[_Union[_trajectory_pb2.UnitHeader, _Mapping]] = ..., num_rows: _Optional[int] = ..., routes: _Optional[_Union[EncodingRoutes, _Mapping]] = ...) -> None: ...
 
-class RouteEntry(_message.Message):
-    __slots__ = ("consumer", "tp_rank", "microbatch", "trajectory_index", "trajectory_id", "reference", "positions", "row_start")
-    CONSUMER_FIELD_NUMBER: _ClassVar[int]
-    TP_RANK_FIELD_NUMBER: _ClassVar[int]
-    MICROBATCH_FIELD_NUMBER: _ClassVar[int]
-    TRAJECTORY_INDEX_FIELD_NUMBER: _ClassVar[int]
-    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
-    REFERENCE_FIELD_NUMBER: _ClassVar[int]
-    POSITIONS_FIELD_NUMBER: _ClassVar[int]
-    ROW_START_FIELD_NUMBER: _ClassVar[int]
-    consumer: _topology_pb2.ConsumerId
-    tp_rank: int
-    microbatch: int
-    trajectory_index: int
-    trajectory_id: str
-    reference: int
-    positions: _trajectory_pb2.TokenSpan
-    row_start: int
-    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., tp_rank: _Optional[int] = ..., microbatch: _Optional[int] = ..., trajectory_index: _Optional[int] = ..., trajectory_id: _Optional[str] = ..., reference: _Optional[int] = ..., positions: _Optional[_Union[_trajectory_pb2.TokenSpan, _Mapping]] = ..., row_start: _Optional[int] = ...) -> None: ...
+class EncodingRoutes(_message.Message):
+    __slots__ = ("dp_ranks", "cp_ranks", "tp_ranks", "microbatches", "trajectory_indices", "trajectory_ids", "references", "position_starts", "position_ends", "row_starts")
+    DP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    CP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    TP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_INDICES_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCES_FIELD_NUMBER: _ClassVar[int]
+    POSITION_STARTS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_ENDS_FIELD_NUMBER: _ClassVar[int]
+    ROW_STARTS_FIELD_NUMBER: _ClassVar[int]
+    dp_ranks: _containers.RepeatedScalarFieldContainer[int]
+    cp_ranks: _containers.RepeatedScalarFieldContainer[int]
+    tp_ranks: _containers.RepeatedScalarFieldContainer[int]
+    microbatches: _containers.RepeatedScalarFieldContainer[int]
+    trajectory_indices: _containers.RepeatedScalarFieldContainer[int]
+    trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
+    references: _containers.RepeatedScalarFieldContainer[int]
+    position_starts: _containers.RepeatedScalarFieldContainer[int]
+    position_ends: _containers.RepeatedScalarFieldContainer[int]
+    row_starts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dp_ranks: _Optional[_Iterable[int]] = ..., cp_ranks: _Optional[_Iterable[int]] = ..., tp_ranks: _Optional[_Iterable[int]] = ..., microbatches: _Optional[_Iterable[int]] = ..., trajectory_indices: _Optional[_Iterable[int]] = ..., trajectory_ids: _Optional[_Iterable[str]] = ..., references: _Optional[_Iterable[int]] = ..., position_starts: _Optional[_Iterable[int]] = ..., position_ends: _Optional[_Iterable[int]] = ..., row_starts: _Optional[_Iterable[int]] = ...) -> None: ...

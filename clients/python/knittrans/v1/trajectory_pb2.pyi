@@ -36,6 +36,11 @@ class FieldAlignment(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIELD_ALIGNMENT_UNSPECIFIED: _ClassVar[FieldAlignment]
     FIELD_ALIGNMENT_TOKEN: _ClassVar[FieldAlignment]
     FIELD_ALIGNMENT_LABEL: _ClassVar[FieldAlignment]
+
+class TokenCoverage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOKEN_COVERAGE_UNSPECIFIED: _ClassVar[TokenCoverage]
+    TOKEN_COVERAGE_RESPONSE: _ClassVar[TokenCoverage]
 D_TYPE_UNSPECIFIED: DType
 D_TYPE_BOOL: DType
 D_TYPE_UINT8: DType
@@ -57,6 +62,8 @@ UNIT_KIND_VIDEO: UnitKind
 FIELD_ALIGNMENT_UNSPECIFIED: FieldAlignment
 FIELD_ALIGNMENT_TOKEN: FieldAlignment
 FIELD_ALIGNMENT_LABEL: FieldAlignment
+TOKEN_COVERAGE_UNSPECIFIED: TokenCoverage
+TOKEN_COVERAGE_RESPONSE: TokenCoverage
 
 class UnitHeader(_message.Message):
     __slots__ = ("dtype", "shape", "seq_axis", "byte_length", "content_hash", "chunk_tokens")
@@ -75,18 +82,20 @@ class UnitHeader(_message.Message):
     def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., seq_axis: _Optional[int] = ..., byte_length: _Optional[int] = ..., content_hash: _Optional[str] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
 
 class UnitRef(_message.Message):
-    __slots__ = ("key", "field_name", "kind", "header", "alignment")
+    __slots__ = ("key", "field_name", "kind", "header", "alignment", "coverage")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FIELD_NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
     key: str
     field_name: str
     kind: UnitKind
     header: UnitHeader
     alignment: FieldAlignment
-    def __init__(self, key: _Optional[str] = ..., field_name: _Optional[str] = ..., kind: _Optional[_Union[UnitKind, str]] = ..., header: _Optional[_Union[UnitHeader, _Mapping]] = ..., alignment: _Optional[_Union[FieldAlignment, str]] = ...) -> None: ...
+    coverage: TokenCoverage
+    def __init__(self, key: _Optional[str] = ..., field_name: _Optional[str] = ..., kind: _Optional[_Union[UnitKind, str]] = ..., header: _Optional[_Union[UnitHeader, _Mapping]] = ..., alignment: _Optional[_Union[FieldAlignment, str]] = ..., coverage: _Optional[_Union[TokenCoverage, str]] = ...) -> None: ...
 
 class TokenSpan(_message.Message):
     __slots__ = ("start", "end")
@@ -162,7 +171,7 @@ class TrajectoryValues(_message.Message):
     def __init__(self, int_scalars: _Optional[_Mapping[str, int]] = ..., bool_scalars: _Optional[_Mapping[str, bool]] = ..., metadata: _Optional[_Mapping[str, MetadataValue]] = ...) -> None: ...
 
 class TrajectoryMetadata(_message.Message):
-    __slots__ = ("trajectory_id", "sample_id", "source", "rollout_step", "num_tokens", "num_loss_tokens", "segments", "units", "multimodal", "accepted", "scalars", "finished_at", "values")
+    __slots__ = ("trajectory_id", "sample_id", "source", "rollout_step", "num_tokens", "num_loss_tokens", "segments", "units", "multimodal", "accepted", "scalars", "finished_at", "values", "response_start")
     class ScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +192,7 @@ class TrajectoryMetadata(_message.Message):
     SCALARS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_START_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     sample_id: str
     source: str
@@ -196,7 +206,8 @@ class TrajectoryMetadata(_message.Message):
     scalars: _containers.ScalarMap[str, float]
     finished_at: float
     values: TrajectoryValues
-    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., source: _Optional[str] = ..., rollout_step: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_loss_tokens: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., units: _Optional[_Iterable[_Union[UnitRef, _Mapping]]] = ..., multimodal: _Optional[_Iterable[_Union[MultimodalRef, _Mapping]]] = ..., accepted: _Optional[bool] = ..., scalars: _Optional[_Mapping[str, float]] = ..., finished_at: _Optional[float] = ..., values: _Optional[_Union[TrajectoryValues, _Mapping]] = ...) -> None: ...
+    response_start: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., sample_id: _Optional[str] = ..., source: _Optional[str] = ..., rollout_step: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_loss_tokens: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[VersionSegment, _Mapping]]] = ..., units: _Optional[_Iterable[_Union[UnitRef, _Mapping]]] = ..., multimodal: _Optional[_Iterable[_Union[MultimodalRef, _Mapping]]] = ..., accepted: _Optional[bool] = ..., scalars: _Optional[_Mapping[str, float]] = ..., finished_at: _Optional[float] = ..., values: _Optional[_Union[TrajectoryValues, _Mapping]] = ..., response_start: _Optional[int] = ...) -> None: ...
 
 class UnitHeaderColumns(_message.Message):
     __slots__ = ("dtypes", "ranks", "shape", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes", "chunk_tokens")
@@ -219,7 +230,7 @@ class UnitHeaderColumns(_message.Message):
     def __init__(self, dtypes: _Optional[_Iterable[_Union[DType, str]]] = ..., ranks: _Optional[_Iterable[int]] = ..., shape: _Optional[_Iterable[int]] = ..., has_seq_axis: _Optional[_Iterable[bool]] = ..., seq_axes: _Optional[_Iterable[int]] = ..., byte_lengths: _Optional[_Iterable[int]] = ..., content_hashes: _Optional[_Iterable[str]] = ..., chunk_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
-    __slots__ = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_counts", "segment_versions", "segment_tokens", "unit_counts", "unit_keys", "unit_fields", "unit_kinds", "unit_headers", "multimodal_counts", "multimodal_keys", "multimodal_encoders", "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds", "multimodal_has_header", "multimodal_headers", "scalar_counts", "scalar_names", "scalar_values", "field_names", "encoders", "unit_alignments", "values")
+    __slots__ = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens", "accepted", "finished_at", "segment_counts", "segment_versions", "segment_tokens", "unit_counts", "unit_keys", "unit_fields", "unit_kinds", "unit_headers", "multimodal_counts", "multimodal_keys", "multimodal_encoders", "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds", "multimodal_has_header", "multimodal_headers", "scalar_counts", "scalar_names", "scalar_values", "field_names", "encoders", "unit_alignments", "values", "response_starts", "unit_coverages")
     TRAJECTORY_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +263,8 @@ class TrajectoryBatch(_message.Message):
     ENCODERS_FIELD_NUMBER: _ClassVar[int]
     UNIT_ALIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_STARTS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_COVERAGES_FIELD_NUMBER: _ClassVar[int]
     trajectory_ids: _containers.RepeatedScalarFieldContainer[str]
     sample_ids: _containers.RepeatedScalarFieldContainer[str]
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -284,4 +297,6 @@ class TrajectoryBatch(_message.Message):
     encoders: _containers.RepeatedScalarFieldContainer[str]
     unit_alignments: _containers.RepeatedScalarFieldContainer[FieldAlignment]
     values: _containers.RepeatedCompositeFieldContainer[TrajectoryValues]
-    def __init__(self, trajectory_ids: _Optional[_Iterable[str]] = ..., sample_ids: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., rollout_steps: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., num_loss_tokens: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., finished_at: _Optional[_Iterable[float]] = ..., segment_counts: _Optional[_Iterable[int]] = ..., segment_versions: _Optional[_Iterable[int]] = ..., segment_tokens: _Optional[_Iterable[int]] = ..., unit_counts: _Optional[_Iterable[int]] = ..., unit_keys: _Optional[_Iterable[str]] = ..., unit_fields: _Optional[_Iterable[int]] = ..., unit_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., unit_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., multimodal_counts: _Optional[_Iterable[int]] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., multimodal_encoders: _Optional[_Iterable[int]] = ..., multimodal_costs: _Optional[_Iterable[float]] = ..., placeholder_starts: _Optional[_Iterable[int]] = ..., placeholder_ends: _Optional[_Iterable[int]] = ..., multimodal_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., multimodal_has_header: _Optional[_Iterable[bool]] = ..., multimodal_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., scalar_counts: _Optional[_Iterable[int]] = ..., scalar_names: _Optional[_Iterable[str]] = ..., scalar_values: _Optional[_Iterable[float]] = ..., field_names: _Optional[_Iterable[str]] = ..., encoders: _Optional[_Iterable[str]] = ..., unit_alignments: _Optional[_Iterable[_Union[FieldAlignment, str]]] = ..., values: _Optional[_Iterable[_Union[TrajectoryValues, _Mapping]]] = ...) -> None: ...
+    response_starts: _containers.RepeatedScalarFieldContainer[int]
+    unit_coverages: _containers.RepeatedScalarFieldContainer[TokenCoverage]
+    def __init__(self, trajectory_ids: _Optional[_Iterable[str]] = ..., sample_ids: _Optional[_Iterable[str]] = ..., sources: _Optional[_Iterable[str]] = ..., rollout_steps: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[_Iterable[int]] = ..., num_loss_tokens: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., finished_at: _Optional[_Iterable[float]] = ..., segment_counts: _Optional[_Iterable[int]] = ..., segment_versions: _Optional[_Iterable[int]] = ..., segment_tokens: _Optional[_Iterable[int]] = ..., unit_counts: _Optional[_Iterable[int]] = ..., unit_keys: _Optional[_Iterable[str]] = ..., unit_fields: _Optional[_Iterable[int]] = ..., unit_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., unit_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., multimodal_counts: _Optional[_Iterable[int]] = ..., multimodal_keys: _Optional[_Iterable[str]] = ..., multimodal_encoders: _Optional[_Iterable[int]] = ..., multimodal_costs: _Optional[_Iterable[float]] = ..., placeholder_starts: _Optional[_Iterable[int]] = ..., placeholder_ends: _Optional[_Iterable[int]] = ..., multimodal_kinds: _Optional[_Iterable[_Union[UnitKind, str]]] = ..., multimodal_has_header: _Optional[_Iterable[bool]] = ..., multimodal_headers: _Optional[_Union[UnitHeaderColumns, _Mapping]] = ..., scalar_counts: _Optional[_Iterable[int]] = ..., scalar_names: _Optional[_Iterable[str]] = ..., scalar_values: _Optional[_Iterable[float]] = ..., field_names: _Optional[_Iterable[str]] = ..., encoders: _Optional[_Iterable[str]] = ..., unit_alignments: _Optional[_Iterable[_Union[FieldAlignment, str]]] = ..., values: _Optional[_Iterable[_Union[TrajectoryValues, _Mapping]]] = ..., response_starts: _Optional[_Iterable[int]] = ..., unit_coverages: _Optional[_Iterable[_Union[TokenCoverage, str]]] = ...) -> None: ...

@@ -26,7 +26,7 @@ import numpy as np
 from knittrans.errors import InvalidArgument
 from knittrans.types import TrajectoryMeta
 from knittrans.v1 import trajectory_pb2
-from knittrans.wire.enums import ALIGNMENT_TO_PROTO, DTYPE_TO_PROTO, UNIT_KIND_TO_PROTO
+from knittrans.wire.enums import ALIGNMENT_TO_PROTO, COVERAGE_TO_PROTO, DTYPE_TO_PROTO, UNIT_KIND_TO_PROTO
 from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, read_plain_fields
 from knittrans.wire.values import has_values, values_to_proto
 
@@ -87,6 +87,7 @@ class ColumnLists:
         self.field_names: dict[str, int] = {}  # name -> its index
         self.unit_kinds: list[int] = []
         self.unit_alignments: list[int] = []
+        self.unit_coverages: list[int] = []
         self.unit_has_header: list[bool] = []
         self.unit_headers = HeaderLists()
         self.multimodal_counts: list[int] = []
@@ -120,6 +121,7 @@ class ColumnLists:
         segment_tokens = self.segment_tokens.append
         unit_counts, unit_keys, unit_fields = self.unit_counts.append, self.unit_keys.append, self.unit_fields.append
         unit_kinds, unit_alignments = self.unit_kinds.append, self.unit_alignments.append
+        unit_coverages = self.unit_coverages.append
         unit_has_header, add_unit_header = self.unit_has_header.append, self.unit_headers.add
         multimodal_counts, multimodal_keys = self.multimodal_counts.append, self.multimodal_keys.append
         multimodal_encoders, multimodal_costs = self.multimodal_encoders.append, self.multimodal_costs.append
@@ -144,10 +146,12 @@ class ColumnLists:
                 if from_message:
                     unit_kinds(unit.kind)
                     unit_alignments(unit.alignment)
+                    unit_coverages(unit.coverage)
                     header = unit.header if unit.HasField("header") else None
                 else:
                     unit_kinds(UNIT_KIND_TO_PROTO[unit.kind])
                     unit_alignments(ALIGNMENT_TO_PROTO[unit.alignment])
+                    unit_coverages(COVERAGE_TO_PROTO[unit.coverage])
                     header = unit.header
                 unit_has_header(header is not None)
                 if header is not None:
@@ -206,8 +210,12 @@ class ColumnLists:
         fields.update(self.plain_columns())
         fields["field_names"] = list(self.field_names)
         fields["encoders"] = list(self.encoders)
-        if not any(self.unit_alignments):  # the column is left empty when no unit has an alignment
-            fields["unit_alignments"] = []
+        for name in ("unit_alignments", "unit_coverages"):  # left empty when no unit has one
+            if not any(fields[name]):
+                fields[name] = []
+        for spec in TRAJECTORY_COLUMNS:
+            if spec.sparse and not any(fields[spec.column]):
+                fields[spec.column] = []
         fields["unit_headers"] = self.unit_headers.to_proto()
         fields["multimodal_headers"] = self.multimodal_headers.to_proto()
         fields["values"] = self.values_column()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from knittrans.types import DType, FieldAlignment, UnitKind
+from knittrans.types import Coverage, DType, FieldAlignment, UnitKind
 from knittrans.v1 import trajectory_pb2
 
 # The casts: protoc's .pyi types enum fields as the enum class, while EnumTypeWrapper.Value returns a plain int.
@@ -39,3 +39,11 @@ ALIGNMENT_TO_PROTO = cast(
 ALIGNMENT_FROM_PROTO: dict[int, FieldAlignment | None] = {
     number: alignment for alignment, number in ALIGNMENT_TO_PROTO.items()
 }
+
+# The whole sequence (the default) travels as TOKEN_COVERAGE_UNSPECIFIED, so older reports read as before.
+COVERAGE_TO_PROTO = cast(
+    "dict[Coverage, trajectory_pb2.TokenCoverage]",
+    {Coverage.SEQUENCE: trajectory_pb2.TOKEN_COVERAGE_UNSPECIFIED,
+     Coverage.RESPONSE: trajectory_pb2.TOKEN_COVERAGE_RESPONSE},
+)
+COVERAGE_FROM_PROTO: dict[int, Coverage] = {number: coverage for coverage, number in COVERAGE_TO_PROTO.items()}

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from knittrans.errors import InvalidArgument, within
 from knittrans.types import (
+    Coverage,
     FieldAlignment,
     MultimodalRef,
     TokenSpan,
@@ -28,6 +29,8 @@ from knittrans.v1 import trajectory_pb2
 from knittrans.wire.enums import (
     ALIGNMENT_FROM_PROTO,
     ALIGNMENT_TO_PROTO,
+    COVERAGE_FROM_PROTO,
+    COVERAGE_TO_PROTO,
     DTYPE_FROM_PROTO,
     DTYPE_TO_PROTO,
     UNIT_KIND_FROM_PROTO,
@@ -48,6 +51,7 @@ class TrajectoryColumn:
     field: str
     column: str
     dtype: Literal["str", "uint64", "bool", "float64"]
+    sparse: bool = False  # the TrajectoryBatch column is left empty when every value is 0 (and read so)
 
 
 # The plain per-trajectory fields, listed once: the codecs below, the columnar form (knittrans.wire.columns) and
@@ -62,6 +66,7 @@ TRAJECTORY_COLUMNS: tuple[TrajectoryColumn, ...] = (
     TrajectoryColumn("num_loss_tokens", "num_loss_tokens", "uint64"),
     TrajectoryColumn("accepted", "accepted", "bool"),
     TrajectoryColumn("finished_at", "finished_at", "float64"),
+    TrajectoryColumn("response_start", "response_starts", "uint64", sparse=True),
 )
 TRAJECTORY_FIELDS: tuple[str, ...] = tuple(spec.field for spec in TRAJECTORY_COLUMNS)
 read_plain_fields = attrgetter(*TRAJECTORY_FIELDS)
@@ -124,7 +129,7 @@ def _kind_from_proto(number: int) -> UnitKind:
 def unit_ref_to_proto(ref: UnitRef) -> trajectory_pb2.UnitRef:
     return trajectory_pb2.UnitRef(
         key=ref.key, field_name=ref.field_name, kind=UNIT_KIND_TO_PROTO[ref.kind], header=header_to_proto(ref.header),
-        alignment=ALIGNMENT_TO_PROTO[ref.alignment],
+        alignment=ALIGNMENT_TO_PROTO[ref.alignment], coverage=COVERAGE_TO_PROTO[ref.coverage],
     )
 
 
@@ -132,6 +137,12 @@ def _alignment_from_proto(number: int) -> FieldAlignment | None:
     if number not in ALIGNMENT_FROM_PROTO:
         raise InvalidArgument(f"unknown field alignment {number}", field="alignment")
     return ALIGNMENT_FROM_PROTO[number]
+
+
+def _coverage_from_proto(number: int) -> Coverage:
+    if number not in COVERAGE_FROM_PROTO:
+        raise InvalidArgument(f"unknown token coverage {number}", field="coverage")
+    return COVERAGE_FROM_PROTO[number]
 
 
 def unit_ref_from_proto(message: trajectory_pb2.UnitRef) -> UnitRef:
@@ -143,6 +154,7 @@ def unit_ref_from_proto(message: trajectory_pb2.UnitRef) -> UnitRef:
         kind=_kind_from_proto(message.kind),
         header=within("header", lambda: header_from_proto(message.header)),
         alignment=_alignment_from_proto(message.alignment),
+        coverage=_coverage_from_proto(message.coverage),
     )
 
 
@@ -218,7 +230,8 @@ def trusted_trajectory_from_proto(message: trajectory_pb2.TrajectoryMetadata) ->
     """
     units = tuple(
         _trusted(UnitRef, key=u.key, field_name=u.field_name, kind=UNIT_KIND_FROM_PROTO[u.kind],
-                 header=_trusted_header(u.header), alignment=ALIGNMENT_FROM_PROTO[u.alignment])
+                 header=_trusted_header(u.header), alignment=ALIGNMENT_FROM_PROTO[u.alignment],
+                 coverage=COVERAGE_FROM_PROTO[u.coverage])
         for u in message.units
     )
     multimodal = tuple(

@@ -51,6 +51,11 @@ class AckRecordingClient:
         for meta, result in zip(trajectories, results, strict=True):
             if result.outcome in (ReportOutcome.ACCEPTED, ReportOutcome.DUPLICATE):
                 self._log.write(json.dumps(ack_line(meta, result.outcome)) + "\n")
+            elif result.outcome is ReportOutcome.CONFLICT:
+                # A predecessor's submit of this id was acknowledged before it could log it, with content this
+                # worker cannot reproduce: acknowledged, its bytes unknown here (the oracle checks no hashes).
+                line = {**ack_line(meta, result.outcome), "units": {}, "multimodal": {}}
+                self._log.write(json.dumps(line) + "\n")
         self._log.flush()
         return results
 

@@ -116,15 +116,17 @@ def judge(
         details["sequences_by_rank"] = per_rank
     sequences = sorted({s for seqs in per_rank.values() for s in seqs})
 
-    # The plan of each applied step: the ids the sidecar's mini-batch named, the same on every rank, and the same
-    # as the admission service announced.
+    # The plan of each applied step and each failed mini-batch: the ids the sidecar's mini-batch named, the same on
+    # every rank, and the same as the admission service announced.
     plans: dict[int, tuple[str, ...]] = {}
+    batch_of: dict[int, int] = {}
     plan_mismatch = []
-    for rank_steps in steps.values():
-        for s in rank_steps:
+    for history in finals.values():
+        for s in history:
             planned = tuple(sorted(s["planned"]))
             if plans.setdefault(s["sequence"], planned) != planned:
                 plan_mismatch.append(s["sequence"])
+            batch_of[s["sequence"]] = s["train_batch"]
     for sequence, planned in plans.items():
         if sequence in admitted and tuple(sorted(admitted[sequence])) != planned:
             plan_mismatch.append(sequence)
@@ -140,15 +142,19 @@ def judge(
     unacked = sorted(set(trained) - set(acked))
     admitted_ids = [t for ids in admitted.values() for t in ids]
     admitted_twice = sorted(t for t, n in Counter(admitted_ids).items() if n > 1)
-    details.update(acked=len(acked), trained=sum(trained.values()), applied_steps=len(sequences),
+    details.update(acked=len(acked), trained=sum(trained.values()), lost=len(lost), applied_steps=len(sequences),
                    failed_steps=sorted(failed))
     for name, ids in (("trained_more_than_once", duplicates), ("acked_never_trained", never),
                       ("trained_never_acked", unacked), ("admitted_twice", admitted_twice),
                       ("lost_with_a_unit", lost)):
         if ids:
             details[name] = ids[:10]
+    # A mini-batch is either stepped on by every rank or failed on every rank (they skip it together).
+    applied_and_failed = sorted(failed & set(sequences))
+    if applied_and_failed:
+        details["applied_and_failed"] = applied_and_failed
     once = orders_ok and agree and not plan_mismatch and not duplicates and not never and not unacked \
-        and not admitted_twice
+        and not admitted_twice and not applied_and_failed
 
     # No partial step: per applied step, every per-token unit of every planned trajectory rebuilt from the pieces
     # all ranks received in that step hashes to what the rollout wrote.
@@ -174,17 +180,13 @@ def judge(
         details["partial_steps"] = partial[:10]
     no_partial = not partial and units_checked > 0
 
-    # Quotas: each train batch's applied steps hold exactly its quota of every source.
+    # Quotas: each train batch's mini-batches (applied, or failed with a lost unit: admitted all the same) hold
+    # exactly its quota of every source.
     by_batch: dict[int, Counter] = defaultdict(Counter)
-    batch_of: dict[int, int] = {}
-    for rank_steps in steps.values():
-        for s in rank_steps:
-            batch_of[s["sequence"]] = s["train_batch"]
-    for sequence in sequences:
+    for sequence in sorted(set(sequences) | failed):
         for trajectory in plans.get(sequence, ()):
             by_batch[batch_of[sequence]][acked.get(trajectory, {}).get("source", "?")] += 1
-    short = {b: dict(c) for b, c in sorted(by_batch.items()) if any(c.get(s, 0) != q for s, q in quotas.items())
-             and not any(batch_of[q] == b for q in failed if q in batch_of)}
+    short = {b: dict(c) for b, c in sorted(by_batch.items()) if any(c.get(s, 0) != q for s, q in quotas.items())}
     if short:
         details["quota_violations"] = short
     quotas_held = not short and bool(by_batch)

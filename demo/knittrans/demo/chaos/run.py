@@ -94,7 +94,9 @@ class AdmissionWatcher:
             try:
                 stub = admission_service_pb2_grpc.AdmissionServiceStub(channel)
                 after = max(self.admitted, default=0)
-                self._call = stub.WatchAssignments(pb.WatchAssignmentsRequest(consumer=consumer, after_sequence=after))
+                # Assignments carry the mini-batch's trajectory ids only when asked to.
+                self._call = stub.WatchAssignments(pb.WatchAssignmentsRequest(consumer=consumer, after_sequence=after,
+                                                                              include_trajectory_ids=True))
                 for response in self._call:
                     self.admitted[response.sequence] = list(response.admission.trajectory_ids)
             except grpc.RpcError:

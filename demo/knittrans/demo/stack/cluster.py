@@ -32,7 +32,8 @@ def run_cluster_demo(settings: DemoSettings, *, tag: str | None = None) -> int:
     cluster = NamespaceCluster(nodes_wanted=NODES, **({"tag": tag} if tag else {}))
     with tempfile.TemporaryDirectory(prefix="knittrans-cluster-") as scratch, cluster:
         settings_path = Path(scratch) / "settings.yaml"
-        values = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(settings).items()}
+        # Plain values all the way down (a StrEnum is a str, a tuple a list), as the config loader reads them back.
+        values = json.loads(json.dumps(asdict(settings), default=str))
         # The driver runs from another directory.
         values["out"] = str(Path(settings.out or DEFAULT_OUT).resolve())
         settings_path.write_text(yaml.safe_dump(values))

@@ -191,6 +191,10 @@ class DemoStack:
             },
             "server": {"port": self.admission_port, "metrics": {"port": 0}},
         }
+        if settings.chaos.enabled:
+            # Chaos trainer ranks restore checkpoints and get the mini-batches after them again: the units stay
+            # until a reported checkpoint covers their step (global rank 0 reports one after every step).
+            config["retain_until_checkpoint"] = True
         path = self.out / "admission.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path

@@ -72,7 +72,7 @@ def stored_units(event: AssignmentEvent) -> list[StoredUnit]:
             for index, micro in enumerate(message.encoder_microbatches):
                 for encoding in micro.encodings:
                     add(encoding.key, encoding.header.byte_length if encoding.HasField("header") else None,
-                        encoding.routes[0].trajectory_id if encoding.routes else "", index)
+                        encoding.routes.trajectory_ids[0] if encoding.routes.trajectory_ids else "", index)
         else:
             assert decoded is not None
             for index, encoder_micro in enumerate(decoded.encoder_microbatches):

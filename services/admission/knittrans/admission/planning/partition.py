@@ -45,7 +45,6 @@ def karmarkar_karp(weights: Sequence[float], parts: int, *, equal_count: bool = 
     seq = len(heap)
     children: list[tuple[int, int]] = []  # inner node n + j joins children[j]
     pairing = range(parts)
-    last = parts - 1
     while len(heap) > 1:
         _, _, sums_a, nodes_a = heapq.heappop(heap)
         _, _, sums_b, nodes_b = heapq.heappop(heap)
@@ -57,20 +56,25 @@ def karmarkar_karp(weights: Sequence[float], parts: int, *, equal_count: bool = 
             sums, nodes = _add_to_lightest(sums_b, nodes_b, sums_a[only_a], nodes_a[only_a], n, children)
         else:
             # Both are sorted heaviest first: pair a's heaviest part with b's lightest.
-            merged = []
-            for i in pairing:
-                a, b = nodes_a[i], nodes_b[last - i]
-                if a == _EMPTY:
-                    node = b
-                elif b == _EMPTY:
-                    node = a
-                else:
-                    node = n + len(children)
-                    children.append((a, b))
-                merged.append((sums_a[i] + sums_b[last - i], node))
-            merged.sort(key=_by_sum, reverse=True)
-            sums = [s for s, _ in merged]
-            nodes = [node for _, node in merged]
+            nodes_b = nodes_b[::-1]
+            paired = [x + y for x, y in zip(sums_a, reversed(sums_b), strict=True)]
+            if _EMPTY in nodes_a or _EMPTY in nodes_b:
+                joined = []
+                for a, b in zip(nodes_a, nodes_b, strict=True):
+                    if a == _EMPTY:
+                        joined.append(b)
+                    elif b == _EMPTY:
+                        joined.append(a)
+                    else:
+                        joined.append(n + len(children))
+                        children.append((a, b))
+            else:  # every pair joins: whole lists at once
+                joined = list(range(n + len(children), n + len(children) + parts))
+                children.extend(zip(nodes_a, nodes_b, strict=True))
+            # Heaviest first; a stable sort keeps pairing order among equal sums.
+            order = sorted(pairing, key=paired.__getitem__, reverse=True)
+            sums = [paired[i] for i in order]
+            nodes = [joined[i] for i in order]
         heapq.heappush(heap, (sums[-1] - sums[0], seq, sums, nodes))
         seq += 1
     return [sorted(_leaves(node, n, children)) for node in heap[0][3]]
@@ -101,17 +105,12 @@ def _only_part(nodes: list[int]) -> int | None:
     """The position of a state's one non-empty part, or None if it has several. With zero weights a part
     can sit below an empty one (ties keep their order), so the check looks at every part, not only the
     second."""
-    found = None
+    if nodes.count(_EMPTY) != len(nodes) - 1:  # counted in C: most states have several parts, or one
+        return None
     for position, node in enumerate(nodes):
         if node != _EMPTY:
-            if found is not None:
-                return None
-            found = position
-    return found
-
-
-def _by_sum(entry: tuple[float, int]) -> float:
-    return entry[0]
+            return position
+    return None
 
 
 def _leaves(node: int, n: int, children: list[tuple[int, int]]) -> list[int]:

@@ -6,7 +6,8 @@ of its references, and every CP rank cuts its own zigzag chunks, reads and encod
 planner's geometry (:mod:`knittrans.plan.rank`). So the service builds and serialises one message per DP rank,
 not one per (DP, CP) consumer. An encoder consumer's part is built once, from the
 :class:`~knittrans.admission.planning.PlanLayout`, as nested ``dict`` constructor fields that protobuf converts in
-one C call; it equals ``assignment_to_proto(plan.for_consumer(consumer))``.
+one C call, with each encoding's routes parsed in from their wire form (:mod:`.route_wire`, encoded once per
+mini-batch with numpy); it equals ``assignment_to_proto(plan.for_consumer(consumer))``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
+from knittrans.admission.service.route_wire import RouteWire
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns, gather_index
 from knittrans.errors import InvalidArgument
 from knittrans.types import BACKBONE_ROLE, ConsumerId, Topology
@@ -68,7 +70,7 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
     hashes: list[str | None] = []
     for columns, rows in runs:
         index = np.array(rows, dtype=np.int64)
-        ids.extend(columns.trajectory_ids[i] for i in rows)
+        ids.extend(map(columns.trajectory_ids.__getitem__, rows))  # map: the lookups run in C
         parts["num_tokens"].append(columns.num_tokens[index])
         parts["loss_tokens"].append(columns.num_loss_tokens[index])
         refs = gather_index(columns.multimodal_offsets, index)
@@ -78,11 +80,16 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
         parts["ends"].append(columns.placeholder_ends[refs])
         parts["ref_kinds"].append(columns.multimodal_kinds[refs])
         ref_list = refs.tolist()
-        keys.extend(columns.multimodal_keys[k] for k in ref_list)
-        encoders.extend(columns.multimodal_encoders[k] for k in ref_list)
-        header_index = columns.multimodal_header_index[refs].tolist()
+        keys.extend(map(columns.multimodal_keys.__getitem__, ref_list))
+        encoders.extend(map(columns.multimodal_encoders.__getitem__, ref_list))
+        header_index = columns.multimodal_header_index[refs]
         content = columns.multimodal_headers.content_hashes
-        hashes.extend(content[h] if h >= 0 else None for h in header_index)
+        if not (header_index >= 0).any():
+            hashes.extend([None] * len(header_index))
+        elif (header_index >= 0).all():
+            hashes.extend(map(content.__getitem__, header_index.tolist()))
+        else:
+            hashes.extend(content[h] if h >= 0 else None for h in header_index.tolist())
     joined = {name: np.concatenate(values) for name, values in parts.items()}
     ref_counts = joined["ref_counts"].astype(np.int64)
     ref_kinds = joined["ref_kinds"].tolist()
@@ -120,25 +127,23 @@ class _Views:
         self.microbatch_loss_tokens = tuple(b.microbatch_loss_tokens.tolist())
         self.padded_tokens = tuple(b.padded_tokens.tolist())
         self.reference_encodings = tuple(layout.encodings.reference_encodings.tolist())
-        # Every route row's RouteEntry fields, in one pass (each row goes into exactly one encoder's part).
+        # Every route row's EncodingRoutes columns, varint-encoded once (rows sorted by encoding).
         references = route.references
         trajectories = rows.references.trajectories[references]
-        ids = rows.trajectory_ids
-        self.route_entries = [
-            {"consumer": {"role": BACKBONE_ROLE, "dp_rank": dp, "cp_rank": cp}, "tp_rank": tp, "microbatch": mb,
-             "trajectory_index": t, "trajectory_id": ids[t], "reference": r, "positions": {"start": start, "end": end},
-             "row_start": row_start}
-            for dp, cp, tp, mb, t, r, start, end, row_start in zip(*(column.tolist() for column in (
-                route.dp_ranks, route.cp_ranks, route.tp_ranks, route.microbatches, trajectories, references,
-                route.starts, route.ends, route.starts - rows.references.starts[references])), strict=True)
-        ]
+        self.encoding_route_bounds = tuple(np.searchsorted(route.encodings, np.arange(len(layout.encodings) + 1))
+                                           .tolist())
+        self.routes = RouteWire({
+            "dp_ranks": route.dp_ranks, "cp_ranks": route.cp_ranks, "tp_ranks": route.tp_ranks,
+            "microbatches": route.microbatches, "trajectory_indices": trajectories, "references": references,
+            "position_starts": route.starts, "position_ends": route.ends,
+            "row_starts": route.starts - rows.references.starts[references],
+        }, [rows.trajectory_ids[t] for t in trajectories.tolist()], self.encoding_route_bounds)
         self.reference_trajectories = tuple(rows.references.trajectories.tolist())
         self.reference_starts = tuple(rows.references.starts.tolist())
         # Encoders: each encoding's first reference, and its rows of the route (sorted by encoding).
         table = layout.encodings
         first_of_trajectory = np.searchsorted(rows.references.trajectories, table.source_trajectory, side="left")
         self.encoding_sources = tuple((first_of_trajectory + table.source_reference).tolist())
-        self.encoding_route_bounds = tuple(np.searchsorted(route.encodings, np.arange(len(table) + 1)).tolist())
         # Per encoder: its micro-batches per rank, their offsets into its encodings, and those encodings.
         self.encoders = {
             plan.name: (plan.microbatches_per_rank, tuple(plan.microbatch_offsets.tolist()),
@@ -213,40 +218,36 @@ class MiniBatchDispatch:
     # ---- encoders ------------------------------------------------------------------------------------------
 
     def assignment(self, consumer: ConsumerId) -> plan_pb2.ConsumerAssignment:
-        return plan_pb2.ConsumerAssignment(**self.assignment_fields(consumer))
-
-    def assignment_fields(self, consumer: ConsumerId) -> dict:
-        """An encoder consumer's ``ConsumerAssignment`` fields: what ``plan.for_consumer(consumer).to_proto()``
-        holds."""
+        """An encoder consumer's ``ConsumerAssignment``: what ``assignment_to_proto(plan.for_consumer(consumer))``
+        holds. Built from constructor fields without the routes, which are then parsed in from their wire form."""
         name = consumer.encoder_name
         if name is None:
             raise InvalidArgument("a backbone consumer's part is its DP rank's (rank_fields)", field="consumer")
-        return {
-            "consumer": {"role": consumer.role, "dp_rank": consumer.dp_rank, "cp_rank": consumer.cp_rank},
-            "minibatch_loss_tokens": self.minibatch_loss_tokens,
-            "cp": self.topology.backbone.cp,
-            "encoder_microbatches": self._encoder_microbatches(self.views, name, consumer.dp_rank),
-        }
+        views = self.views
+        per_rank, offsets, encodings = views.encoders[name]
+        groups = [encodings[offsets[g]:offsets[g + 1]]
+                  for g in range(consumer.dp_rank * per_rank, (consumer.dp_rank + 1) * per_rank)]
+        message = plan_pb2.ConsumerAssignment(
+            consumer={"role": consumer.role, "dp_rank": consumer.dp_rank, "cp_rank": consumer.cp_rank},
+            minibatch_loss_tokens=self.minibatch_loss_tokens,
+            cp=self.topology.backbone.cp,
+            encoder_microbatches=[
+                {"index": j, "last": j == per_rank - 1,
+                 "encodings": [self._encoding(views, e, views.encoding_sources[e]) for e in group]}
+                for j, group in enumerate(groups)
+            ],
+        )
+        routes = views.routes
+        for micro, group in zip(message.encoder_microbatches, groups, strict=True):
+            for encoding, e in zip(micro.encodings, group, strict=True):
+                encoding.routes.MergeFromString(routes.encoding_bytes(e))
+        return message
 
-    def _encoder_microbatches(self, lists: _Views, name: str, dp_rank: int) -> list[dict]:
-        per_rank, offsets, encodings = lists.encoders[name]
-        sources, bounds = lists.encoding_sources, lists.encoding_route_bounds
-        return [
-            {
-                "index": j,
-                "last": j == per_rank - 1,
-                "encodings": [
-                    self._encoding(lists, e, sources[e], bounds) for e in encodings[offsets[g] : offsets[g + 1]]
-                ],
-            }
-            for j, g in ((j, dp_rank * per_rank + j) for j in range(per_rank))
-        ]
-
-    def _encoding(self, lists: _Views, e: int, r: int, bounds: Sequence[int]) -> dict:
-        """Encoding e, whose first reference is r."""
+    def _encoding(self, views: _Views, e: int, r: int) -> dict:
+        """Encoding e (whose first reference is r) without its routes."""
         rows = self.rows
         refs = rows.references
-        start, end = lists.reference_starts[r], int(refs.ends[r])
+        start, end = views.reference_starts[r], int(refs.ends[r])
         fields = {
             "encoding_id": e,
             "key": refs.keys[r],
@@ -254,9 +255,8 @@ class MiniBatchDispatch:
             "cost": float(refs.costs[r]),
             "kind": rows.reference_kinds[r],
             "num_rows": end - start,
-            "routes": lists.route_entries[bounds[e]:bounds[e + 1]],
         }
-        t = lists.reference_trajectories[r]
+        t = views.reference_trajectories[r]
         ref = rows.message(t).multimodal[r - rows.reference_offsets[t]]
         if ref.HasField("header"):
             fields["header"] = ref.header

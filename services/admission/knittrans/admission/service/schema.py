@@ -3,8 +3,9 @@
 The reorg packer puts the items of one micro-batch side by side, so everything it assumes about them must hold
 for every pair of trajectories the service could ever admit together:
 
-- the same stored fields (names and kinds), each per-token field with the same dtype and the same trailing
-  shape (``shape[1:]``; the leading axis is the trajectory's length), each non-sequence field with the same dtype
+- the same stored fields (names and kinds), each per-token field with the same dtype, the same trailing shape
+  (``shape[1:]``; the leading axis is the trajectory's length, or its response's) and the same coverage (the
+  packer gives a response-only field a ``<name>.mask``), each non-sequence field with the same dtype
   (its shape may differ: the packer then gives every item a tensor of its own, ``<name>.<item>``);
 - field names the packer can name a tensor after without colliding with one it generates
   (:mod:`knittrans.tensor_names`), and label fields (read with one token of look-ahead) that are 1-D integers;
@@ -35,6 +36,7 @@ from knittrans.tensor_names import field_name_problem, scalar_name_problem
 from knittrans.trajectory_schema import TrajectorySchema
 from knittrans.types import DType, UnitKind
 from knittrans.wire.enums import (
+    COVERAGE_TO_PROTO,
     DTYPE_FROM_PROTO,
     DTYPE_TO_PROTO,
     TOKEN_FIELD_KIND,
@@ -57,12 +59,13 @@ class FieldSchema:
     kind: int  # trajectory_pb2.UnitKind
     dtype: int  # trajectory_pb2.DType
     trailing_shape: tuple[int, ...] | None  # per-token fields: shape[1:]; None: not fixed
+    coverage: int = 0  # trajectory_pb2.TokenCoverage; 0: the whole sequence
 
     def describe(self) -> str:
         kind = UNIT_KIND_FROM_PROTO[self.kind].value
         dtype = DTYPE_FROM_PROTO[self.dtype].value
         shape = "" if self.trailing_shape is None else f", rows of shape {list(self.trailing_shape)}"
-        return f"{kind} {dtype}{shape}"
+        return f"{kind} {dtype}{shape}{', response only' if self.coverage else ''}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +92,8 @@ def _unit_schema(columns: TrajectoryColumns, unit: int) -> FieldSchema:
     if kind == _TOKEN_FIELD:
         start, end = int(headers.shape_offsets[unit]), int(headers.shape_offsets[unit + 1])
         trailing = tuple(int(d) for d in headers.shape[start + 1 : end])
-    return FieldSchema(kind=kind, dtype=int(headers.dtypes[unit]), trailing_shape=trailing)
+    return FieldSchema(kind=kind, dtype=int(headers.dtypes[unit]), trailing_shape=trailing,
+                       coverage=int(columns.unit_coverages[unit]))
 
 
 def _unit_field(columns: TrajectoryColumns, row: int, unit: int) -> str:
@@ -108,10 +112,11 @@ def schema_of(columns: TrajectoryColumns, row: int, label_fields: Collection[str
             raise InvalidArgument(problem, field=f"{where}.field_name")
         schema = _unit_schema(columns, unit)
         if name in label_fields and schema.kind == _TOKEN_FIELD and (
-            schema.trailing_shape or schema.dtype not in _INTEGER_DTYPES
+            schema.trailing_shape or schema.dtype not in _INTEGER_DTYPES or schema.coverage
         ):
             raise InvalidArgument(
-                f"labels are made from field {name!r}, so it must be a 1-D integer field, not {schema.describe()}",
+                f"labels are made from field {name!r}, so it must be a 1-D integer field over the whole sequence, not "
+                f"{schema.describe()}",
                 field=f"{where}.header",
             )
         fields[name] = schema
@@ -121,7 +126,8 @@ def schema_of(columns: TrajectoryColumns, row: int, label_fields: Collection[str
 
 def declared_schema(declared: TrajectorySchema) -> JobSchema:
     """The job schema a config declares (its label fields were checked with it)."""
-    fields = {name: FieldSchema(kind=_TOKEN_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=spec.row_shape)
+    fields = {name: FieldSchema(kind=_TOKEN_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=spec.row_shape,
+                                coverage=COVERAGE_TO_PROTO[spec.coverage])
               for name, spec in declared.token_fields.items()}
     fields.update({name: FieldSchema(kind=_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=None)
                    for name, spec in declared.fields.items()})
@@ -129,8 +135,8 @@ def declared_schema(declared: TrajectorySchema) -> JobSchema:
 
 
 def _signature_table(columns: TrajectoryColumns, units: np.ndarray) -> np.ndarray:
-    """One row per unit: canonical field code, kind, dtype, trailing rank and trailing dimensions (per-token
-    fields only), so equal rows mean equal :class:`FieldSchema` and name."""
+    """One row per unit: canonical field code, kind, dtype, coverage, trailing rank and trailing dimensions
+    (per-token fields only), so equal rows mean equal :class:`FieldSchema` and name."""
     names = columns.field_names
     first: dict[str, int] = {}
     canonical = np.array([first.setdefault(name, i) for i, name in enumerate(names)], dtype=np.int64)
@@ -139,15 +145,16 @@ def _signature_table(columns: TrajectoryColumns, units: np.ndarray) -> np.ndarra
     token = kinds == _TOKEN_FIELD
     ranks = np.where(token, np.maximum(headers.ranks[units] - 1, 0), 0)
     width = int(ranks.max(initial=0))
-    table = np.zeros((len(units), 4 + width), dtype=np.uint64)
+    table = np.zeros((len(units), 5 + width), dtype=np.uint64)
     table[:, 0] = canonical[columns.unit_fields[units]] if len(names) else 0
     table[:, 1] = kinds
     table[:, 2] = headers.dtypes[units]
-    table[:, 3] = ranks
+    table[:, 3] = columns.unit_coverages[units]
+    table[:, 4] = ranks
     starts = headers.shape_offsets[units]
     for axis in range(width):
         present = ranks > axis
-        table[present, 4 + axis] = headers.shape[starts[present] + 1 + axis]
+        table[present, 5 + axis] = headers.shape[starts[present] + 1 + axis]
     return table
 
 
@@ -204,7 +211,7 @@ def check_schema(
         found = _unit_schema(columns, unit)
         if found != expected:
             sub = "kind" if found.kind != expected.kind else "header.dtype" if found.dtype != expected.dtype \
-                else "header.shape"
+                else "coverage" if found.coverage != expected.coverage else "header.shape"
             raise InvalidArgument(
                 f"field {name!r} is {found.describe()}, the job's is {expected.describe()} ({schema.origin})",
                 field=f"{where}.{sub}")

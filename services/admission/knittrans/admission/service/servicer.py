@@ -412,16 +412,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             async with self._commits.mutating():
                 if self._deleter.deleting.isdisjoint(wanted):
                     check_reservations(request, self._ledger.index, limit=self._ledger.settings.max_report_batch)
-                    new = sum(
-                        not self._ledger.is_reported(TrajectoryId(r.trajectory_id))
-                        and self._ledger.index.reservation(TrajectoryId(r.trajectory_id)) is None
-                        for r in request.reservations
-                    )
+                    reported = [r.trajectory_id for r in request.reservations
+                                if self._ledger.is_reported(TrajectoryId(r.trajectory_id))]
+                    new = sum(r.trajectory_id not in reported
+                              and self._ledger.index.reservation(TrajectoryId(r.trajectory_id)) is None
+                              for r in request.reservations)
                     if new:
                         now = self._clock()
                         reserved = reservation_gc.stamped(request, now, self._unit_ttl)  # expires_at, absolute
                         await self._commit(journal_pb2.JournalRecord(at=now, reserved=reserved))
-                    return pb.ReserveUnitsResponse(reserved=new)
+                    return pb.ReserveUnitsResponse(reserved=new, already_reported=reported)
                 ended = self._deleter.ended
             # A unit being deleted now may be gone or not when the deletion ends: wait, so that the caller's write
             # that follows this reservation finds it absent and stores it again.

@@ -15,126 +15,19 @@ from functools import cached_property
 
 import numpy as np
 
+from knittrans.admission.service.header_columns import (
+    HeaderColumns,
+    check_length,
+    column_array,
+    gather_index,
+    offsets_of,
+)
 from knittrans.errors import InvalidArgument
 from knittrans.v1 import trajectory_pb2
-from knittrans.wire.columns import ColumnLists, HeaderLists
+from knittrans.wire.columns import ColumnLists
 from knittrans.wire.trajectory import TRAJECTORY_COLUMNS, TRAJECTORY_FIELDS
 
-
-def _column(values: Sequence, dtype) -> np.ndarray:
-    """A repeated protobuf field as an array: through the buffer protocol when long, element by element when
-    short (a report of one trajectory has dozens of one-element columns, and that path costs less per call)."""
-    if len(values) < 32:
-        return np.fromiter(values, dtype=dtype, count=len(values))
-    return np.array(values, dtype=dtype)
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets
-
-
-def _check_length(name: str, values: Sequence, expected: int, what: str) -> None:
-    if len(values) != expected:
-        raise InvalidArgument(f"has {len(values)} values, expected {expected} ({what})", field=f"batch.{name}")
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class HeaderColumns:
-    """Unit headers as arrays; header k's shape is ``shape[shape_offsets[k]:shape_offsets[k + 1]]``."""
-
-    dtypes: np.ndarray  # int64 (proto enum numbers)
-    ranks: np.ndarray  # int64
-    shape_offsets: np.ndarray  # int64 [k + 1]
-    shape: np.ndarray  # uint64
-    has_seq_axis: np.ndarray  # bool
-    seq_axes: np.ndarray  # int64
-    byte_lengths: np.ndarray  # uint64
-    content_hashes: Sequence[str]
-    chunk_tokens: np.ndarray  # int64
-
-    def __len__(self) -> int:
-        return len(self.dtypes)
-
-    @staticmethod
-    def from_lists(lists: HeaderLists) -> HeaderColumns:
-        ranks = np.array(lists.ranks, dtype=np.int64)
-        return HeaderColumns(
-            dtypes=np.array(lists.dtypes, dtype=np.int64),
-            ranks=ranks,
-            shape_offsets=_offsets(ranks),
-            shape=np.array(lists.shape, dtype=np.uint64),
-            has_seq_axis=np.array(lists.has_seq_axis, dtype=bool),
-            seq_axes=np.array(lists.seq_axes, dtype=np.int64),
-            byte_lengths=np.array(lists.byte_lengths, dtype=np.uint64),
-            content_hashes=lists.content_hashes,
-            chunk_tokens=np.array(lists.chunk_tokens, dtype=np.int64),
-        )
-
-    @staticmethod
-    def from_proto(message: trajectory_pb2.UnitHeaderColumns, count: int, name: str) -> HeaderColumns:
-        what = "one per header"
-        for column in ("dtypes", "ranks", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes",
-                       "chunk_tokens"):
-            _check_length(f"{name}.{column}", getattr(message, column), count, what)
-        ranks = _column(message.ranks, np.int64)
-        offsets = _offsets(ranks)
-        _check_length(f"{name}.shape", message.shape, int(offsets[-1]), "the sum of ranks")
-        return HeaderColumns(
-            dtypes=_column(message.dtypes, np.int64),
-            ranks=ranks,
-            shape_offsets=offsets,
-            shape=_column(message.shape, np.uint64),
-            has_seq_axis=_column(message.has_seq_axis, bool),
-            seq_axes=_column(message.seq_axes, np.int64),
-            byte_lengths=_column(message.byte_lengths, np.uint64),
-            content_hashes=tuple(message.content_hashes),
-            chunk_tokens=_column(message.chunk_tokens, np.int64),
-        )
-
-    @cached_property
-    def _rows(self) -> tuple[list, ...]:
-        """Plain-Python columns, for building messages (indexing numpy arrays one by one is slow)."""
-        # Tuples: they are kept with the columns, and the collector stops tracking tuples of numbers.
-        shape = tuple(self.shape.tolist())
-        offsets = self.shape_offsets.tolist()
-        shapes = tuple(shape[offsets[k] : offsets[k + 1]] for k in range(len(self)))
-        return (tuple(self.dtypes.tolist()), shapes, tuple(self.has_seq_axis.tolist()), tuple(self.seq_axes.tolist()),
-                tuple(self.byte_lengths.tolist()), self.content_hashes, tuple(self.chunk_tokens.tolist()))
-
-    def fields(self, k: int) -> dict:
-        """Header k as ``UnitHeader`` constructor fields (what :func:`knittrans.wire.header_to_proto` sets)."""
-        dtypes, shapes, has_axis, axes, byte_lengths, hashes, chunks = self._rows
-        fields = {"dtype": dtypes[k], "shape": shapes[k], "byte_length": byte_lengths[k],
-                  "content_hash": hashes[k], "chunk_tokens": chunks[k]}
-        if has_axis[k]:
-            fields["seq_axis"] = axes[k]
-        return fields
-
-    def take(self, rows: np.ndarray) -> trajectory_pb2.UnitHeaderColumns:
-        shape_index = gather_index(self.shape_offsets, rows)
-        return trajectory_pb2.UnitHeaderColumns(
-            dtypes=self.dtypes[rows].tolist(),
-            ranks=self.ranks[rows].tolist(),
-            shape=self.shape[shape_index].tolist(),
-            has_seq_axis=self.has_seq_axis[rows].tolist(),
-            seq_axes=self.seq_axes[rows].tolist(),
-            byte_lengths=self.byte_lengths[rows].tolist(),
-            content_hashes=[self.content_hashes[k] for k in rows.tolist()],
-            chunk_tokens=self.chunk_tokens[rows].tolist(),
-        )
-
-
-def gather_index(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The element indices of ``rows`` (each owning ``offsets[r]:offsets[r + 1]``), in row order."""
-    starts = offsets[rows]
-    counts = offsets[rows + 1] - starts
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    shift = np.repeat(starts - _offsets(counts)[:-1], counts)
-    return np.arange(total, dtype=np.int64) + shift
+__all__ = ["HeaderColumns", "TrajectoryColumns", "gather_index", "messages_from_batch"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -157,6 +50,7 @@ class TrajectoryColumns:
     field_names: list[str]
     unit_kinds: np.ndarray  # int64
     unit_alignments: np.ndarray  # int64 (proto FieldAlignment numbers; 0: none)
+    unit_coverages: np.ndarray  # int64 (proto TokenCoverage numbers; 0: the whole sequence)
     unit_has_header: np.ndarray  # bool
     unit_headers: HeaderColumns
     multimodal_offsets: np.ndarray
@@ -184,6 +78,7 @@ class TrajectoryColumns:
     num_loss_tokens: np.ndarray = field(init=False)  # uint64
     accepted: np.ndarray = field(init=False)  # bool
     finished_at: np.ndarray = field(init=False)  # float64
+    response_starts: np.ndarray = field(init=False)  # uint64
 
     def __post_init__(self) -> None:
         for name in _NAMED_PLAIN_COLUMNS:
@@ -203,18 +98,19 @@ class TrajectoryColumns:
         return TrajectoryColumns(
             plain={spec.column: plain[spec.column] if spec.dtype == "str" else np.array(plain[spec.column], spec.dtype)
                    for spec in TRAJECTORY_COLUMNS},
-            segment_offsets=_offsets(np.array(lists.segment_counts, dtype=np.int64)),
+            segment_offsets=offsets_of(np.array(lists.segment_counts, dtype=np.int64)),
             segment_versions=np.array(lists.segment_versions, dtype=np.uint64),
             segment_tokens=np.array(lists.segment_tokens, dtype=np.uint64),
-            unit_offsets=_offsets(np.array(lists.unit_counts, dtype=np.int64)),
+            unit_offsets=offsets_of(np.array(lists.unit_counts, dtype=np.int64)),
             unit_keys=lists.unit_keys,
             unit_fields=np.array(lists.unit_fields, dtype=np.int64),
             field_names=list(lists.field_names),
             unit_kinds=np.array(lists.unit_kinds, dtype=np.int64),
             unit_alignments=np.array(lists.unit_alignments, dtype=np.int64),
+            unit_coverages=np.array(lists.unit_coverages, dtype=np.int64),
             unit_has_header=np.array(lists.unit_has_header, dtype=bool),
             unit_headers=HeaderColumns.from_lists(lists.unit_headers),
-            multimodal_offsets=_offsets(np.array(lists.multimodal_counts, dtype=np.int64)),
+            multimodal_offsets=offsets_of(np.array(lists.multimodal_counts, dtype=np.int64)),
             multimodal_keys=lists.multimodal_keys,
             multimodal_encoder_indices=np.array(lists.multimodal_encoders, dtype=np.int64),
             encoders=list(lists.encoders),
@@ -224,7 +120,7 @@ class TrajectoryColumns:
             multimodal_kinds=np.array(lists.multimodal_kinds, dtype=np.int64),
             multimodal_header_index=_header_index(has_header),
             multimodal_headers=HeaderColumns.from_lists(lists.multimodal_headers),
-            scalar_offsets=_offsets(np.array(lists.scalar_counts, dtype=np.int64)),
+            scalar_offsets=offsets_of(np.array(lists.scalar_counts, dtype=np.int64)),
             scalar_names=lists.scalar_names,
             scalar_values=np.array(lists.scalar_values, dtype=np.float64),
             messages=tuple(messages),
@@ -236,11 +132,12 @@ class TrajectoryColumns:
         """Read a batch, checking that its columns fit together (``batch.<column>`` names a misfit)."""
         n = len(batch.trajectory_ids)
         for name in (*_PLAIN_COLUMN_NAMES, "segment_counts", "unit_counts", "multimodal_counts", "scalar_counts"):
-            _check_length(name, getattr(batch, name), n, "one per trajectory")
-        segment_offsets = _offsets(_column(batch.segment_counts, np.int64))
-        unit_offsets = _offsets(_column(batch.unit_counts, np.int64))
-        multimodal_offsets = _offsets(_column(batch.multimodal_counts, np.int64))
-        scalar_offsets = _offsets(_column(batch.scalar_counts, np.int64))
+            if name not in _SPARSE_COLUMNS or len(getattr(batch, name)):
+                check_length(name, getattr(batch, name), n, "one per trajectory")
+        segment_offsets = offsets_of(column_array(batch.segment_counts, np.int64))
+        unit_offsets = offsets_of(column_array(batch.unit_counts, np.int64))
+        multimodal_offsets = offsets_of(column_array(batch.multimodal_counts, np.int64))
+        scalar_offsets = offsets_of(column_array(batch.scalar_counts, np.int64))
         for names, offsets, what in (
             (("segment_versions", "segment_tokens"), segment_offsets, "the sum of segment_counts"),
             (("unit_keys", "unit_fields", "unit_kinds"), unit_offsets, "the sum of unit_counts"),
@@ -249,50 +146,49 @@ class TrajectoryColumns:
             (("scalar_names", "scalar_values"), scalar_offsets, "the sum of scalar_counts"),
         ):
             for name in names:
-                _check_length(name, getattr(batch, name), int(offsets[-1]), what)
+                check_length(name, getattr(batch, name), int(offsets[-1]), what)
         num_units = int(unit_offsets[-1])
-        if batch.unit_alignments:
-            _check_length("unit_alignments", batch.unit_alignments, num_units, "the sum of unit_counts, or none")
-            unit_alignments = _column(batch.unit_alignments, np.int64)
-        else:
-            unit_alignments = np.zeros(num_units, dtype=np.int64)
+        unit_alignments, unit_coverages = (_sparse_unit_column(batch, name, num_units)
+                                           for name in ("unit_alignments", "unit_coverages"))
         unit_fields = _indices(batch.unit_fields, len(batch.field_names), "unit_fields", "field_names")
         encoder_indices = _indices(batch.multimodal_encoders, len(batch.encoders), "multimodal_encoders", "encoders")
-        has_header = _column(batch.multimodal_has_header, bool)
+        has_header = column_array(batch.multimodal_has_header, bool)
         scalar_names = list(batch.scalar_names)
         values = None
         if len(batch.values):
-            _check_length("values", batch.values, n, "one per trajectory, or none")
+            check_length("values", batch.values, n, "one per trajectory, or none")
             values = tuple(v if v.int_scalars or v.bool_scalars or v.metadata else None for v in batch.values)
         columns = TrajectoryColumns(
             plain={spec.column: tuple(getattr(batch, spec.column)) if spec.dtype == "str"
-                   else _column(getattr(batch, spec.column), spec.dtype) for spec in TRAJECTORY_COLUMNS},
+                   else np.zeros(n, spec.dtype) if spec.sparse and not len(getattr(batch, spec.column))
+                   else column_array(getattr(batch, spec.column), spec.dtype) for spec in TRAJECTORY_COLUMNS},
             segment_offsets=segment_offsets,
-            segment_versions=_column(batch.segment_versions, np.uint64),
-            segment_tokens=_column(batch.segment_tokens, np.uint64),
+            segment_versions=column_array(batch.segment_versions, np.uint64),
+            segment_tokens=column_array(batch.segment_tokens, np.uint64),
             unit_offsets=unit_offsets,
             unit_keys=tuple(batch.unit_keys),
             unit_fields=unit_fields,
             field_names=list(batch.field_names),
-            unit_kinds=_column(batch.unit_kinds, np.int64),
+            unit_kinds=column_array(batch.unit_kinds, np.int64),
             unit_alignments=unit_alignments,
+            unit_coverages=unit_coverages,
             unit_has_header=np.ones(num_units, dtype=bool),
             unit_headers=HeaderColumns.from_proto(batch.unit_headers, num_units, "unit_headers"),
             multimodal_offsets=multimodal_offsets,
             multimodal_keys=tuple(batch.multimodal_keys),
             multimodal_encoder_indices=encoder_indices,
             encoders=list(batch.encoders),
-            multimodal_costs=_column(batch.multimodal_costs, np.float64),
-            placeholder_starts=_column(batch.placeholder_starts, np.uint64),
-            placeholder_ends=_column(batch.placeholder_ends, np.uint64),
-            multimodal_kinds=_column(batch.multimodal_kinds, np.int64),
+            multimodal_costs=column_array(batch.multimodal_costs, np.float64),
+            placeholder_starts=column_array(batch.placeholder_starts, np.uint64),
+            placeholder_ends=column_array(batch.placeholder_ends, np.uint64),
+            multimodal_kinds=column_array(batch.multimodal_kinds, np.int64),
             multimodal_header_index=_header_index(has_header),
             multimodal_headers=HeaderColumns.from_proto(
                 batch.multimodal_headers, int(has_header.sum()), "multimodal_headers"
             ),
             scalar_offsets=scalar_offsets,
             scalar_names=scalar_names,
-            scalar_values=_column(batch.scalar_values, np.float64),
+            scalar_values=column_array(batch.scalar_values, np.float64),
             values=values if values is not None and any(v is not None for v in values) else None,
         )
         if scalar_names:
@@ -346,6 +242,7 @@ class TrajectoryColumns:
         """Plain-Python numeric columns, for building messages (indexing numpy arrays one by one is slow)."""
         names = ("segment_offsets",
                  "segment_versions", "segment_tokens", "unit_offsets", "unit_kinds", "unit_alignments",
+                 "unit_coverages",
                  "multimodal_offsets",
                  "multimodal_costs", "placeholder_starts", "placeholder_ends", "multimodal_kinds",
                  "multimodal_header_index", "scalar_offsets", "scalar_values")
@@ -365,6 +262,7 @@ class TrajectoryColumns:
         versions, lengths = p["segment_versions"], p["segment_tokens"]
         u0, u1 = p["unit_offsets"][i], p["unit_offsets"][i + 1]
         keys, names, kinds, alignments = self.unit_keys, self.unit_field_names, p["unit_kinds"], p["unit_alignments"]
+        coverages = p["unit_coverages"]
         unit_header = self.unit_headers.fields
         m0, m1 = p["multimodal_offsets"][i], p["multimodal_offsets"][i + 1]
         multimodal = []
@@ -386,7 +284,8 @@ class TrajectoryColumns:
             "segments": [{"version": versions[k], "num_tokens": lengths[k]} for k in range(s0, s1)],
             "units": [
                 {"key": keys[k], "field_name": names[k], "kind": kinds[k], "header": unit_header(k),
-                 **({"alignment": alignments[k]} if alignments[k] else {})}
+                 **({"alignment": alignments[k]} if alignments[k] else {}),
+                 **({"coverage": coverages[k]} if coverages[k] else {})}
                 for k in range(u0, u1)
             ],
             "multimodal": multimodal,
@@ -422,10 +321,11 @@ class TrajectoryColumns:
         if not self.unit_has_header[units].all():
             raise InvalidArgument("a unit has no header", field="units")
         header_index = self.multimodal_header_index[refs]
-        alignments = self.unit_alignments[units]
+        alignments, coverages = self.unit_alignments[units], self.unit_coverages[units]
         plain = self.plain
         return trajectory_pb2.TrajectoryBatch(
             **{spec.column: [plain[spec.column][i] for i in row_list] if spec.dtype == "str"
+               else [] if spec.sparse and not plain[spec.column][rows].any()
                else plain[spec.column][rows].tolist() for spec in TRAJECTORY_COLUMNS},
             segment_counts=np.diff(self.segment_offsets)[rows].tolist(),
             segment_versions=self.segment_versions[segments].tolist(),
@@ -436,6 +336,7 @@ class TrajectoryColumns:
             field_names=self.field_names,
             unit_kinds=self.unit_kinds[units].tolist(),
             unit_alignments=alignments.tolist() if alignments.any() else [],
+            unit_coverages=coverages.tolist() if coverages.any() else [],
             unit_headers=self.unit_headers.take(units),
             multimodal_counts=np.diff(self.multimodal_offsets)[rows].tolist(),
             multimodal_keys=[self.multimodal_keys[k] for k in ref_list],
@@ -465,11 +366,21 @@ class TrajectoryColumns:
 
 _PLAIN_COLUMN_NAMES = tuple(spec.column for spec in TRAJECTORY_COLUMNS)
 _NAMED_PLAIN_COLUMNS = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens",
-                        "accepted", "finished_at")
+                        "accepted", "finished_at", "response_starts")
+_SPARSE_COLUMNS = frozenset(spec.column for spec in TRAJECTORY_COLUMNS if spec.sparse)
+
+
+def _sparse_unit_column(batch: trajectory_pb2.TrajectoryBatch, name: str, num_units: int) -> np.ndarray:
+    """A per-unit enum column that is left empty when every unit has 0 there."""
+    values = getattr(batch, name)
+    if not values:
+        return np.zeros(num_units, dtype=np.int64)
+    check_length(name, values, num_units, "the sum of unit_counts, or none")
+    return column_array(values, np.int64)
 
 
 def _indices(values: Sequence[int], size: int, name: str, names: str) -> np.ndarray:
-    indices = _column(values, np.int64)
+    indices = column_array(values, np.int64)
     if len(indices) and int(indices.max()) >= size:
         raise InvalidArgument(f"index {int(indices.max())} is outside {names} ({size} names)", field=f"batch.{name}")
     return indices

@@ -14,6 +14,10 @@ to ``pack_multiple``. Tensors, each at a 64-byte-aligned offset of one buffer (a
 - ``cu_seqlens`` (int32 ``[n+1]``): item boundaries in the packed stream; ``cu_seqlens_global`` (int32
   ``[n+1]``): boundaries of the padded sequences before the CP split (what THD attention with CP wants);
   ``seq_lengths`` (int32 ``[n]``): real lengths;
+- per response-only field (:class:`~knittrans.types.Coverage`, rows for tokens ``[response_start, num_tokens)``
+  only): the field at full length as if stored over the whole sequence with 0 over the prompt, and
+  ``<field>.mask`` (uint8 ``[T]``): 1 exactly where the packed value is a stored one (0 over the prompt, at a
+  shifted field's last real token, on padding). 0 rather than NaN, so masked sums stay finite;
 - one tensor per non-sequence field, ``[n, *shape]``;
 - per scalar that any item of the micro-batch has: ``scalar.<name>`` (float64 ``[n]``, NaN for an item that
   lacks it) and ``scalar_present.<name>`` (uint8 ``[n]``, 1 where the item has it). Trajectories of one job
@@ -50,6 +54,7 @@ from knittrans.reorg.packing.layout import (
     backbone_layout,
     encoder_layout,
     label_tensor_name,
+    mask_tensor_name,
     tensor_view,
 )
 
@@ -71,6 +76,7 @@ __all__ = [
     "encoder_layout",
     "fill_backbone",
     "label_tensor_name",
+    "mask_tensor_name",
     "pack_backbone",
     "tensor_view",
 ]

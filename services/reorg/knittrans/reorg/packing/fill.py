@@ -18,6 +18,7 @@ from knittrans.reorg.packing.layout import (
     TokenField,
     backbone_layout,
     label_tensor_name,
+    mask_tensor_name,
     tensor_view,
 )
 from knittrans.tensor_names import (
@@ -85,6 +86,12 @@ def fill_backbone(
             if placement is not None and placement.destination is Destination.SCRATCH:
                 source = _scratch_rows(scratch, placement, field)
                 span_rows = _span_rows(item, field.name)
+            if field.response:
+                first = item.trajectory.response_start
+                _fill_response_field(tensor, views[mask_tensor_name(field.name)], runs, length, source,
+                                     span_rows if source is not None else None, first=first, shift=shift,
+                                     num_tokens=num_tokens, where=f"items[{i}].reads")
+                continue
             labels = views[label_tensor_name(field.name, settings)] if field.labels else None
             for dest, token_start, count, _ in runs:
                 # Rows whose next token is real: where labels (and shifted fields) take the next token's value.
@@ -112,6 +119,8 @@ def fill_backbone(
     tail = slice(real_end, layout.num_tokens)
     for field in layout.token_fields:
         views[field.name][tail] = settings.pad_token_id if field.name == settings.tokens_field else 0
+        if field.response:
+            views[mask_tensor_name(field.name)][tail] = 0
         if field.labels:
             views[label_tensor_name(field.name, settings)][tail] = settings.label_ignore_index
     if synthetic_mask is not None:
@@ -131,6 +140,42 @@ def fill_backbone(
             missing = np.nan if spec.dtype is DType.FLOAT64 else 0
             views[spec.name][:] = [values.get(name, missing) for values in scalars]
             views[f"{SCALAR_PRESENT_PREFIX}{name}"][:] = [name in values for values in scalars]
+
+
+def _fill_response_field(
+    tensor: np.ndarray,
+    mask: np.ndarray,
+    runs: Sequence[tuple[int, int, int, int]],
+    length: int,
+    source: np.ndarray | None,
+    span_rows: Callable[[int], int] | None,
+    *,
+    first: int,
+    shift: bool,
+    num_tokens: int,
+    where: str,
+) -> None:
+    """One item's rows of a response-only field, whose stored row j is token ``first + j``: packed position t holds
+    what a whole-sequence field padded with 0 over the prompt would hold there (its token t, or t+1 when shifted),
+    and the mask is 1 exactly where that is a stored value. ``source`` is the scratch read (None: the read landed in
+    place, or there was nothing to read)."""
+    step = 1 if shift else 0
+    for dest, token_start, count, _ in runs:
+        # Positions [token_start, token_start + end) have a value (a shifted one needs a next real token) ...
+        end = max(min(count, num_tokens - token_start - step), 0)
+        # ... and the first `skip` of them take it from the prompt, which the field does not cover.
+        skip = min(max(first - step - token_start, 0), end)
+        tensor[dest : dest + skip] = 0
+        mask[dest : dest + skip] = 0
+        if end > skip:
+            if source is not None and span_rows is not None:
+                row = span_rows(token_start + skip + step)
+                tensor[dest + skip : dest + end] = source[row : row + end - skip]
+            elif shift or skip:
+                raise InvalidArgument("a response-only field's read did not land in a scratch buffer", field=where)
+            mask[dest + skip : dest + end] = 1
+        tensor[dest + end : dest + length] = 0
+        mask[dest + end : dest + length] = 0
 
 
 def _span_rows(item: ItemAssignment, field_name: str) -> Callable[[int], int]:

@@ -24,12 +24,13 @@ from knittrans.tensor_names import (
     CU_SEQLENS_GLOBAL,
     GENERATED_NAMES,
     LABELS,
+    MASK_SUFFIX,
     POSITION_IDS,
     SCALAR_PREFIX,
     SCALAR_PRESENT_PREFIX,
     SEQ_LENGTHS,
 )
-from knittrans.types import ByteRange, DType, FieldAlignment, UnitKey, UnitKind, UnitRef
+from knittrans.types import ByteRange, Coverage, DType, FieldAlignment, UnitKey, UnitKind, UnitRef
 from knittrans.values import ScalarKind
 
 ENCODER_INPUTS = "inputs"
@@ -79,6 +80,7 @@ class TokenField:
     dtype: DType
     row_shape: tuple[int, ...]
     labels: bool  # a label field: next-token values go to their own tensor
+    response: bool = False  # covers only the response: 0 over the prompt, and a mask tensor (mask_tensor_name)
 
     @property
     def row_bytes(self) -> int:
@@ -179,8 +181,12 @@ def _token_fields(mb: MicroBatchAssignment, settings: PackSettings) -> tuple[Tok
             if shifted and not read.look_ahead:
                 raise InvalidArgument("a token-aligned field is packed shifted by one and needs look-ahead reads",
                                       field=f"items[{i}].reads[{r}].look_ahead")
+            response = unit.coverage is Coverage.RESPONSE
+            if response and unit.field_name == settings.tokens_field:
+                raise InvalidArgument("the tokens field must cover the whole sequence",
+                                      field=f"items[{i}].reads[{r}].unit.coverage")
             field = TokenField(name=unit.field_name, dtype=unit.header.dtype, row_shape=unit.header.shape[1:],
-                                labels=read.look_ahead and not shifted)
+                               labels=read.look_ahead and not shifted, response=response)
             known = fields.setdefault(unit.field_name, field) if i == 0 else fields.get(unit.field_name)
             if known != field:
                 raise InvalidArgument(
@@ -232,6 +238,11 @@ def label_tensor_name(field_name: str, settings: PackSettings) -> str:
     return LABELS if field_name == settings.tokens_field else f"{field_name}.next"
 
 
+def mask_tensor_name(field_name: str) -> str:
+    """A response-only field's mask: 1 where the packed field holds a stored value, 0 where it was filled."""
+    return f"{field_name}{MASK_SUFFIX}"
+
+
 def _direct_spans(item: ItemAssignment) -> list[tuple[int, int]]:
     """The read spans under which a field's bytes land back to back exactly where the packed layout wants
     them: the chunks' real tokens, no look-ahead. (When both chunks hold tokens the first one is full, so
@@ -260,10 +271,13 @@ def backbone_layout(mb: MicroBatchAssignment, *, cp: int, settings: PackSettings
     field_specs = {f.name: alloc.add(f.name, f.dtype, (total, *f.row_shape)) for f in token_fields}
     for f in token_fields:
         if f.labels:
-            if f.row_shape or f.dtype not in _INTEGER_DTYPES:
-                raise InvalidArgument(f"labels need a 1-D integer field, {f.name!r} is {f.dtype} {f.row_shape}",
+            if f.row_shape or f.dtype not in _INTEGER_DTYPES or f.response:
+                raise InvalidArgument(f"labels need a 1-D integer field over the whole sequence, {f.name!r} is "
+                                      f"{f.dtype} {f.row_shape}{' (response only)' if f.response else ''}",
                                       field="label_fields")
             alloc.add(label_tensor_name(f.name, settings), DType.INT64, (total,))
+        if f.response:
+            alloc.add(mask_tensor_name(f.name), DType.UINT8, (total,))
     if settings.loss_mask_field not in field_specs:
         alloc.add(settings.loss_mask_field, DType.UINT8, (total,))
     alloc.add(POSITION_IDS, DType.INT64, (total,))

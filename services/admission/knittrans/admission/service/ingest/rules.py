@@ -29,6 +29,7 @@ from knittrans.v1 import trajectory_pb2
 from knittrans.wire import trajectory_from_proto
 from knittrans.wire.enums import (
     ALIGNMENT_FROM_PROTO,
+    COVERAGE_FROM_PROTO,
     ITEMSIZE_BY_PROTO,
     MEDIA_KINDS,
     TOKEN_FIELD_KIND,
@@ -126,6 +127,7 @@ _EXACT_LIMIT = float(2**62)  # above this, products of shape dimensions could ov
 _UNIT_KIND_NUMBERS = np.array(sorted(UNIT_KIND_FROM_PROTO), dtype=np.int64)
 _MEDIA_KIND_NUMBERS = np.array(sorted(MEDIA_KINDS), dtype=np.int64)
 _ALIGNMENT_NUMBERS = np.array(sorted(ALIGNMENT_FROM_PROTO), dtype=np.int64)
+_COVERAGE_NUMBERS = np.array(sorted(COVERAGE_FROM_PROTO), dtype=np.int64)
 
 
 def _all_match(values: list[str], alphabet: bytes, shortest: int, longest: int) -> bool:
@@ -257,6 +259,8 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
         flagged |= bad
     num_tokens = columns.num_tokens
     flagged |= (num_tokens < 1) | (num_tokens > limits.max_tokens) | (columns.num_loss_tokens > num_tokens)
+    response_starts = columns.response_starts
+    flagged |= response_starts > num_tokens
     flagged |= ~np.isfinite(columns.finished_at)
     # Segments. One longer than max_tokens is invalid either way, and keeps the sums below from overflowing.
     segment_counts = np.diff(columns.segment_offsets)
@@ -276,8 +280,13 @@ def flag_trajectories(columns: TrajectoryColumns, limits: IngestLimits, current_
     kinds = columns.unit_kinds
     header_flags, first_dims = _header_flags(columns.unit_headers)
     token_field = kinds == TOKEN_FIELD_KIND
+    # A response-only unit covers tokens [response_start, num_tokens); its row count is checked against that.
+    coverages = columns.unit_coverages
+    covered = num_tokens[unit_rows] - np.where(coverages != 0, response_starts[unit_rows], 0)
     flag_parts(unit_rows, ~np.isin(kinds, _UNIT_KIND_NUMBERS) | ~columns.unit_has_header | header_flags
-               | (token_field & (~columns.unit_headers.has_seq_axis | (first_dims != num_tokens[unit_rows]))))
+               | (token_field & (~columns.unit_headers.has_seq_axis | (first_dims != covered))))
+    if coverages.any():
+        flag_parts(unit_rows, ~np.isin(coverages, _COVERAGE_NUMBERS) | ((coverages != 0) & ~token_field))
     alignments = columns.unit_alignments
     if alignments.any():
         flag_parts(unit_rows, ~np.isin(alignments, _ALIGNMENT_NUMBERS) | ((alignments != 0) & ~token_field))
