@@ -1,7 +1,7 @@
-"""Merging small blocks keeps every row as it was reported, typed values included.
+"""Merging small blocks keeps every row as it was reported, typed values and response-only fields included.
 
 The oracle is the messages the rows were reported as: each merged row must read back as its own message, whichever
-of its block's columns (units, multimodal references, scalars, typed values) it had.
+of its block's columns (units and their coverage, response starts, scalars, typed values) it had.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ def _message(index: int, typed: bool) -> trajectory_pb2.TrajectoryMetadata:
         accepted=True,
     )
     m.scalars["reward"] = index / 3
-    if typed:
+    if typed:  # and a response-only field
+        response = tokens - 3
+        m.response_start = 3
+        m.units.add(key=f"t{index}/old_logprobs", field_name="old_logprobs", kind=trajectory_pb2.UNIT_KIND_TOKEN_FIELD,
+                    coverage=trajectory_pb2.TOKEN_COVERAGE_RESPONSE,
+                    header=trajectory_pb2.UnitHeader(dtype=trajectory_pb2.D_TYPE_FLOAT32, shape=[response],
+                                                     seq_axis=0, byte_length=4 * response, content_hash=HASH))
         m.values.int_scalars["turns"] = index
         m.values.bool_scalars["solved"] = index % 2 == 0
         m.values.metadata["uid"].text = f"u{index}"

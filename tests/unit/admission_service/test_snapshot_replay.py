@@ -34,7 +34,7 @@ from knittrans.admission.service.retention import RetentionPolicy
 from knittrans.admission.service.servicer import AdmissionServicer
 from knittrans.admission.service.snapshot import StoredFingerprints, restore_ledger, snapshot_of
 from knittrans.errors import KnitTransError
-from knittrans.trajectory_schema import MetadataSchema, ScalarSchema, TokenFieldSchema, TrajectorySchema
+from knittrans.trajectory_schema import Coverage, MetadataSchema, ScalarSchema, TokenFieldSchema, TrajectorySchema
 from knittrans.types import AdmissionUnit, BackboneTopology, DType, EncoderTopology, Topology
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import journal_pb2, snapshot_pb2, trajectory_pb2
@@ -62,7 +62,8 @@ UNIT_TTL = 20.0  # seconds an unreported reservation lives
 SCHEMAS = {
     "derived": None,  # the first accepted trajectory fixes it: only the ledger (and so the snapshot) knows it
     "declared": TrajectorySchema(
-        token_fields={"input_ids": TokenFieldSchema(dtype=DType.INT32)},
+        token_fields={"input_ids": TokenFieldSchema(dtype=DType.INT32),
+                      "old_logprobs": TokenFieldSchema(dtype=DType.FLOAT32, coverage=Coverage.RESPONSE)},
         scalars={"reward": ScalarSchema(kind=ScalarKind.FLOAT), "turns": ScalarSchema(kind=ScalarKind.INT,
                                                                                       required=False),
                  "solved": ScalarSchema(kind=ScalarKind.BOOL, required=False)},
@@ -101,13 +102,20 @@ class RecordingJournal:
 def trajectory(index: int, *, tokens: int, images: int, accepted: bool, sample: int, version: int, step: int,
                source: str, values: str = "none") -> trajectory_pb2.TrajectoryMetadata:
     trajectory_id, sample_id = f"t{index}", f"s{sample}"
+    response = tokens - tokens // 4  # a response-only field covers the last tokens
     m = trajectory_pb2.TrajectoryMetadata(
         trajectory_id=trajectory_id, sample_id=sample_id, source=source, num_tokens=tokens, rollout_step=step,
         num_loss_tokens=tokens // 2, segments=[trajectory_pb2.VersionSegment(version=version, num_tokens=tokens)],
         units=[trajectory_pb2.UnitRef(
             key=f"{trajectory_id}/input_ids", field_name="input_ids", kind=trajectory_pb2.UNIT_KIND_TOKEN_FIELD,
             header=trajectory_pb2.UnitHeader(dtype=trajectory_pb2.D_TYPE_INT32, shape=[tokens], seq_axis=0,
-                                             byte_length=4 * tokens, content_hash=HASH))],
+                                             byte_length=4 * tokens, content_hash=HASH)),
+            trajectory_pb2.UnitRef(
+                key=f"{trajectory_id}/old_logprobs", field_name="old_logprobs",
+                kind=trajectory_pb2.UNIT_KIND_TOKEN_FIELD, coverage=trajectory_pb2.TOKEN_COVERAGE_RESPONSE,
+                header=trajectory_pb2.UnitHeader(dtype=trajectory_pb2.D_TYPE_FLOAT32, shape=[response], seq_axis=0,
+                                                 byte_length=4 * response, content_hash=HASH))],
+        response_start=tokens // 4,
         multimodal=[trajectory_pb2.MultimodalRef(
             key=f"{sample_id}/img{k}", encoder="vision", cost=8.0, kind=trajectory_pb2.UNIT_KIND_IMAGE,
             placeholder=trajectory_pb2.TokenSpan(start=2 + 8 * k, end=6 + 8 * k)) for k in range(images)],

@@ -215,18 +215,20 @@ class MetadataRule(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[MetadataValueKind, str]] = ..., max_bytes: _Optional[int] = ..., required: _Optional[bool] = ...) -> None: ...
 
 class FieldSchemaEntry(_message.Message):
-    __slots__ = ("name", "kind", "dtype", "has_trailing_shape", "trailing_shape")
+    __slots__ = ("name", "kind", "dtype", "has_trailing_shape", "trailing_shape", "coverage")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     HAS_TRAILING_SHAPE_FIELD_NUMBER: _ClassVar[int]
     TRAILING_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: int
     dtype: int
     has_trailing_shape: bool
     trailing_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[int] = ..., dtype: _Optional[int] = ..., has_trailing_shape: _Optional[bool] = ..., trailing_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    coverage: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[int] = ..., dtype: _Optional[int] = ..., has_trailing_shape: _Optional[bool] = ..., trailing_shape: _Optional[_Iterable[int]] = ..., coverage: _Optional[int] = ...) -> None: ...
 
 class EngineSnapshot(_message.Message):
     __slots__ = ("version_base", "train_batch_index", "minibatch_index", "admitted", "admitted_total", "relaxed", "blocking", "blocked_since", "starving_since", "last_wait", "filtered", "unit_versions", "unit_ready_at", "unit_ids", "unit_sources", "unit_seqs", "unit_member_counts", "unit_members", "pending_groups", "group_sizes", "closed_samples", "next_seq", "carry", "carry_total", "carry_seq", "completion")

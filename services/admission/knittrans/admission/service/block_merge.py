@@ -17,13 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from knittrans.admission.service.trajectory_columns import (
-    HeaderColumns,
-    TrajectoryColumns,
-    _header_index,
-    _offsets,
-    gather_index,
-)
+from knittrans.admission.service.header_columns import HeaderColumns, gather_index, offsets_of
+from knittrans.admission.service.trajectory_columns import TrajectoryColumns, _header_index
 from knittrans.wire.trajectory import TRAJECTORY_COLUMNS
 
 if TYPE_CHECKING:
@@ -89,7 +84,7 @@ def _merge_headers(parts: list[tuple[HeaderColumns, np.ndarray]]) -> HeaderColum
     return HeaderColumns(
         dtypes=_concat([h.dtypes[k] for h, k in parts], np.int64),
         ranks=ranks,
-        shape_offsets=_offsets(ranks),
+        shape_offsets=offsets_of(ranks),
         shape=_concat([h.shape[gather_index(h.shape_offsets, k)] for h, k in parts], np.uint64),
         has_seq_axis=_concat([h.has_seq_axis[k] for h, k in parts], bool),
         seq_axes=_concat([h.seq_axes[k] for h, k in parts], np.int64),
@@ -118,7 +113,7 @@ def merge_rows(parts: Sequence[tuple[TrajectoryColumns, Sequence[int]]]) -> Traj
         return _concat([getattr(g[0], name)[g[index]] for g in gathered], dtype)
 
     def counts(name: str) -> np.ndarray:
-        return _offsets(_concat([np.diff(getattr(g[0], name))[g[1]] for g in gathered], np.int64))
+        return offsets_of(_concat([np.diff(getattr(g[0], name))[g[1]] for g in gathered], np.int64))
 
     plain = {}
     for spec in TRAJECTORY_COLUMNS:
@@ -139,6 +134,7 @@ def merge_rows(parts: Sequence[tuple[TrajectoryColumns, Sequence[int]]]) -> Traj
         field_names=list(field_names),
         unit_kinds=cat("unit_kinds", 3, np.int64),
         unit_alignments=cat("unit_alignments", 3, np.int64),
+        unit_coverages=cat("unit_coverages", 3, np.int64),
         unit_has_header=cat("unit_has_header", 3, bool),
         unit_headers=_merge_headers([(g[0].unit_headers, g[3]) for g in gathered]),
         multimodal_offsets=counts("multimodal_offsets"),

@@ -1,6 +1,7 @@
 """The job's trajectory schema (:class:`~knittrans.admission.service.schema.JobSchema`) in a snapshot, and back:
-its stored fields, its scalar and metadata rules, and whether the config declared it. Derived schemas exist only
-in the ledger (the first accepted trajectory fixed them, possibly long released), so a snapshot must carry them."""
+its stored fields (each per-token field's coverage included), its scalar and metadata rules, and whether the
+config declared it. Derived schemas exist only in the ledger (the first accepted trajectory fixed them, possibly
+long released), so a snapshot must carry them."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def write_schema(message: snapshot_pb2.JobSchemaSnapshot, schema: JobSchema) -> 
     for name, field in schema.fields.items():
         message.fields.add(name=name, kind=field.kind, dtype=field.dtype,
                            has_trailing_shape=field.trailing_shape is not None,
-                           trailing_shape=field.trailing_shape or ())
+                           trailing_shape=field.trailing_shape or (), coverage=field.coverage)
     for name, scalar in schema.scalars.items():
         message.scalars.add(name=name, kind=_SCALAR_TO_PROTO[scalar.kind], required=scalar.required)
     for name, rule in schema.metadata.items():
@@ -37,7 +38,7 @@ def read_schema(message: snapshot_pb2.JobSchemaSnapshot) -> JobSchema:
     return JobSchema(
         fields={entry.name: FieldSchema(kind=entry.kind, dtype=entry.dtype,
                                         trailing_shape=tuple(entry.trailing_shape) if entry.has_trailing_shape
-                                        else None)
+                                        else None, coverage=entry.coverage)
                 for entry in message.fields},
         scalars={rule.name: ScalarSchema(kind=_SCALAR_FROM_PROTO[rule.kind], required=rule.required)
                  for rule in message.scalars},
