@@ -60,7 +60,7 @@ class EngineImage:
     unit_seqs: list[int]
     unit_members: list[tuple[str, ...]] | None
     pending_groups: tuple[PendingGroupImage, ...]
-    group_sizes: dict[str, int]
+    group_sizes: dict[SampleId, int]
     closed_samples: tuple[str, ...]
     next_seq: int
     carry: tuple[int, ...]
