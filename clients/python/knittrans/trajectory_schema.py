@@ -7,6 +7,8 @@ Declared in the admission config under ``schema:`` (docs/integration.md, "The tr
 - ``token_fields``: per-token fields (stored as units sliced along the sequence): dtype, the shape of one token's
   row (``row_shape``, default ``[]``), and ``coverage``: ``sequence`` (the whole sequence, the default) or
   ``response`` (only tokens ``[response_start, num_tokens)``; packed with 0 over the prompt and a ``<name>.mask``);
+  ``attached_by: <role>`` marks a field a trainer role attaches after admission (``AttachFields``, docs/roles.md):
+  reports must not carry it;
 - ``fields``: non-sequence fields (read whole by every CP rank): dtype (their shape may differ per trajectory);
 - ``scalars``: per-trajectory numbers packed into ``scalar.<name>`` tensors: ``float``, ``int`` or ``bool``;
 - ``metadata``: per-trajectory ``str``, ``bytes`` or ``json`` values with a size bound, delivered beside each
@@ -34,8 +36,11 @@ class TokenFieldSchema:
     dtype: DType
     row_shape: tuple[int, ...] = ()
     coverage: Coverage = Coverage.SEQUENCE
+    attached_by: str = ""  # the trainer role that attaches it (docs/roles.md); empty: reports carry it
 
     def __post_init__(self) -> None:
+        if not isinstance(self.attached_by, str):
+            raise InvalidArgument(f"must be a role name, got {self.attached_by!r}", field="attached_by")
         if not isinstance(self.dtype, DType):
             object.__setattr__(self, "dtype", DType.parse(str(self.dtype)))
         object.__setattr__(self, "row_shape", tuple(self.row_shape))
@@ -118,6 +123,11 @@ class TrajectorySchema:
             raise InvalidArgument(f"required metadata may take {required} bytes, more than the {MAX_METADATA_BYTES} "
                                   "a trajectory may carry", field="metadata")
 
+    @property
+    def attached_fields(self) -> dict[str, TokenFieldSchema]:
+        """The token fields trainer roles attach (``attached_by``), which reports do not carry."""
+        return {name: spec for name, spec in self.token_fields.items() if spec.attached_by}
+
     def check_label_fields(self, label_fields: tuple[str, ...]) -> None:
         """Labels are made from these fields: each must be a declared 1-D integer token field."""
         for name in label_fields:
@@ -125,9 +135,10 @@ class TrajectorySchema:
             if spec is None:
                 raise InvalidArgument(f"labels are made from {name!r}, which is not among the token fields",
                                       field="token_fields")
-            if spec.row_shape or spec.dtype not in INTEGER_DTYPES or spec.coverage is not Coverage.SEQUENCE:
+            if spec.row_shape or spec.dtype not in INTEGER_DTYPES or spec.coverage is not Coverage.SEQUENCE \
+                    or spec.attached_by:
                 raise InvalidArgument(f"labels are made from {name!r}, so it must be a 1-D integer field over the "
-                                      "whole sequence", field=f"token_fields.{name}")
+                                      "whole sequence that reports carry", field=f"token_fields.{name}")
 
 
 INTEGER_DTYPES = frozenset(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import NewType
 
@@ -376,120 +376,15 @@ class TrajectoryMeta:
         return max(s.version for s in self.segments)
 
 
-@dataclass(frozen=True, kw_only=True)
-class CostModel:
-    """Backbone work of a sequence of length L: ``linear·L + quadratic·L²`` (attention is quadratic)."""
-
-    linear: float = 1.0
-    quadratic: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("linear", "quadratic"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise InvalidArgument(f"must be a finite non-negative number, got {value!r}", field=name)
-        if self.linear == 0 and self.quadratic == 0:
-            raise InvalidArgument("linear and quadratic cannot both be 0", field="linear")
-
-    def work(self, length: int) -> float:
-        return self.linear * length + self.quadratic * length * length
-
-
-@dataclass(frozen=True, kw_only=True)
-class BackboneTopology:
-    dp: int
-    cp: int = 1
-    tp: int = 1
-    max_tokens_per_microbatch: int
-    cost: CostModel = field(default_factory=CostModel)
-    microbatch_multiple: int = 1  # e.g. the pipeline group: micro-batch counts are multiples of dp times this
-    sequence_parallel: bool = False
-    pad_multiple: int = 0  # 0: the default, 2·cp (2·cp·tp with sequence parallelism)
-
-    def __post_init__(self) -> None:
-        _check_positive_int(self.dp, "dp")
-        _check_positive_int(self.cp, "cp")
-        _check_positive_int(self.tp, "tp")
-        _check_positive_int(self.max_tokens_per_microbatch, "max_tokens_per_microbatch")
-        _check_positive_int(self.microbatch_multiple, "microbatch_multiple")
-        _check_non_negative_int(self.pad_multiple, "pad_multiple")
-        if self.pad_multiple and self.pad_multiple % (2 * self.cp):
-            raise InvalidArgument(f"must be a multiple of 2·cp = {2 * self.cp}", field="pad_multiple")
-
-    @property
-    def effective_pad_multiple(self) -> int:
-        if self.pad_multiple:
-            return self.pad_multiple
-        return 2 * self.cp * (self.tp if self.sequence_parallel else 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class EncoderTopology:
-    name: str
-    dp: int
-    tp: int = 1
-    max_cost_per_microbatch: float
-
-    def __post_init__(self) -> None:
-        check_id(self.name, "name")
-        _check_positive_int(self.dp, "dp")
-        _check_positive_int(self.tp, "tp")
-        if not (math.isfinite(self.max_cost_per_microbatch) and self.max_cost_per_microbatch >= 1):
-            raise InvalidArgument("must be at least 1", field="max_cost_per_microbatch")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Topology:
-    backbone: BackboneTopology
-    encoders: tuple[EncoderTopology, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "encoders", tuple(self.encoders))
-        names = [e.name for e in self.encoders]
-        if len(names) != len(set(names)):
-            raise InvalidArgument("encoder names must be unique", field="encoders")
-
-    def encoder(self, name: str) -> EncoderTopology:
-        for enc in self.encoders:
-            if enc.name == name:
-                return enc
-        raise InvalidArgument(f"unknown encoder {name!r}", field="encoder")
-
-
-BACKBONE_ROLE = "backbone"
-ENCODER_ROLE_PREFIX = "encoder:"
-
-
-@dataclass(frozen=True, kw_only=True, order=True)
-class ConsumerId:
-    """A data-plane endpoint: one reorg sidecar per (role, DP rank, CP rank), shared by its TP ranks."""
-
-    role: str
-    dp_rank: int
-    cp_rank: int = 0
-
-    def __post_init__(self) -> None:
-        if self.role != BACKBONE_ROLE and not (
-            self.role.startswith(ENCODER_ROLE_PREFIX) and len(self.role) > len(ENCODER_ROLE_PREFIX)
-        ):
-            raise InvalidArgument(f"must be 'backbone' or 'encoder:<name>', got {self.role!r}", field="role")
-        _check_non_negative_int(self.dp_rank, "dp_rank")
-        _check_non_negative_int(self.cp_rank, "cp_rank")
-
-    @property
-    def encoder_name(self) -> str | None:
-        return self.role[len(ENCODER_ROLE_PREFIX) :] if self.role.startswith(ENCODER_ROLE_PREFIX) else None
-
-    def check_within(self, topology: Topology) -> None:
-        """Raise unless this consumer exists in ``topology``."""
-        if self.encoder_name is None:
-            dp, cp = topology.backbone.dp, topology.backbone.cp
-        else:
-            dp, cp = topology.encoder(self.encoder_name).dp, 1
-        if self.dp_rank >= dp:
-            raise InvalidArgument(f"dp_rank {self.dp_rank} is outside dp={dp}", field="dp_rank")
-        if self.cp_rank >= cp:
-            raise InvalidArgument(f"cp_rank {self.cp_rank} is outside cp={cp}", field="cp_rank")
-
-    def __str__(self) -> str:
-        return f"{self.role}/dp{self.dp_rank}/cp{self.cp_rank}"
+# The training topology lives in its own module; these names stay importable from here.
+from knittrans.topology import (  # noqa: E402, I001
+    BACKBONE_ROLE as BACKBONE_ROLE,
+    ENCODER_ROLE_PREFIX as ENCODER_ROLE_PREFIX,
+    ROLE_PREFIX as ROLE_PREFIX,
+    BackboneTopology as BackboneTopology,
+    ConsumerId as ConsumerId,
+    CostModel as CostModel,
+    EncoderTopology as EncoderTopology,
+    Topology as Topology,
+    TrainerRole as TrainerRole,
+)

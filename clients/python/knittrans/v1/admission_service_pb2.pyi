@@ -275,12 +275,14 @@ class ReportConsumerFailureResponse(_message.Message):
     def __init__(self, recorded: _Optional[bool] = ...) -> None: ...
 
 class WaitMiniBatchVerdictRequest(_message.Message):
-    __slots__ = ("sequence", "timeout_seconds")
+    __slots__ = ("sequence", "timeout_seconds", "role")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     timeout_seconds: float
-    def __init__(self, sequence: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    role: str
+    def __init__(self, sequence: _Optional[int] = ..., timeout_seconds: _Optional[float] = ..., role: _Optional[str] = ...) -> None: ...
 
 class WaitMiniBatchVerdictResponse(_message.Message):
     __slots__ = ("verdict", "failure", "waiting_for")
@@ -335,3 +337,33 @@ class CancelReservationsResponse(_message.Message):
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     cancelled: int
     def __init__(self, cancelled: _Optional[int] = ...) -> None: ...
+
+class FieldAttachment(_message.Message):
+    __slots__ = ("trajectory_id", "unit")
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    trajectory_id: str
+    unit: _trajectory_pb2.UnitRef
+    def __init__(self, trajectory_id: _Optional[str] = ..., unit: _Optional[_Union[_trajectory_pb2.UnitRef, _Mapping]] = ...) -> None: ...
+
+class AttachFieldsRequest(_message.Message):
+    __slots__ = ("request_id", "role", "sequence", "attachments")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ATTACHMENTS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    role: str
+    sequence: int
+    attachments: _containers.RepeatedCompositeFieldContainer[FieldAttachment]
+    def __init__(self, request_id: _Optional[str] = ..., role: _Optional[str] = ..., sequence: _Optional[int] = ..., attachments: _Optional[_Iterable[_Union[FieldAttachment, _Mapping]]] = ...) -> None: ...
+
+class AttachFieldsResponse(_message.Message):
+    __slots__ = ("attached", "unchanged", "complete")
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    attached: int
+    unchanged: int
+    complete: bool
+    def __init__(self, attached: _Optional[int] = ..., unchanged: _Optional[int] = ..., complete: _Optional[bool] = ...) -> None: ...

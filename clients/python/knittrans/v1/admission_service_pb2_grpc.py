@@ -96,6 +96,11 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.FromString,
                 _registered_method=True)
+        self.AttachFields = channel.unary_unary(
+                '/knittrans.v1.AdmissionService/AttachFields',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.AttachFieldsRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.AttachFieldsResponse.FromString,
+                _registered_method=True)
 
 
 class AdmissionServiceServicer:
@@ -218,6 +223,21 @@ class AdmissionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachFields(self, request, context):
+        """A trainer role attaches fields it produced to the trajectories of an admitted mini-batch (docs/roles.md): it
+        has written each value to the unit store as a unit of its own (one per trajectory and field) and reports it
+        here. Each attachment is validated like a reported unit against the job's schema (the field is declared
+        `attached_by` this role; dtype, row shape, and a length equal to the tokens the field covers), journaled, and
+        referenced by its trajectory, so the mini-batch's release deletes it. A role that consumes the field is
+        dispatched the mini-batch once every field it consumes is attached to every trajectory of it. Idempotent:
+        an identical attachment changes nothing; another unit for the same (trajectory, field) is CONFLICT naming
+        them. A trajectory outside the mini-batch, an undeclared field or another role's field is INVALID_ARGUMENT,
+        a released mini-batch FAILED_PRECONDITION, each naming the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdmissionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -280,6 +300,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.ReportCheckpoint,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.SerializeToString,
+            ),
+            'AttachFields': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachFields,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.AttachFieldsRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.AttachFieldsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -608,6 +633,33 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/ReportCheckpoint',
             knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.ReportCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachFields(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/AttachFields',
+            knittrans_dot_v1_dot_admission__service__pb2.AttachFieldsRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.AttachFieldsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,7 @@ class UnitsDeleted(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JournalRecord(_message.Message):
-    __slots__ = ("at", "sequence", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait", "reserved", "reservations_cancelled", "consumer_failure", "checkpoint")
+    __slots__ = ("at", "sequence", "report", "scheduled", "admission", "drop", "version", "progress", "deleted", "wait", "reserved", "reservations_cancelled", "consumer_failure", "checkpoint", "attached")
     AT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class JournalRecord(_message.Message):
     RESERVATIONS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FAILURE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
     at: float
     sequence: int
     report: _admission_service_pb2.ReportTrajectoriesRequest
@@ -44,4 +45,5 @@ class JournalRecord(_message.Message):
     reservations_cancelled: _admission_service_pb2.CancelReservationsRequest
     consumer_failure: _admission_service_pb2.ReportConsumerFailureRequest
     checkpoint: _admission_service_pb2.ReportCheckpointRequest
-    def __init__(self, at: _Optional[float] = ..., sequence: _Optional[int] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ..., reserved: _Optional[_Union[_admission_service_pb2.ReserveUnitsRequest, _Mapping]] = ..., reservations_cancelled: _Optional[_Union[_admission_service_pb2.CancelReservationsRequest, _Mapping]] = ..., consumer_failure: _Optional[_Union[_admission_service_pb2.ReportConsumerFailureRequest, _Mapping]] = ..., checkpoint: _Optional[_Union[_admission_service_pb2.ReportCheckpointRequest, _Mapping]] = ...) -> None: ...
+    attached: _admission_service_pb2.AttachFieldsRequest
+    def __init__(self, at: _Optional[float] = ..., sequence: _Optional[int] = ..., report: _Optional[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]] = ..., scheduled: _Optional[_Union[_admission_service_pb2.ReportScheduledRequest, _Mapping]] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., drop: _Optional[_Union[_admission_pb2.TrajectoryDrop, _Mapping]] = ..., version: _Optional[_Union[_admission_service_pb2.AdvanceVersionRequest, _Mapping]] = ..., progress: _Optional[_Union[_admission_service_pb2.ReportProgressRequest, _Mapping]] = ..., deleted: _Optional[_Union[UnitsDeleted, _Mapping]] = ..., wait: _Optional[_Union[_admission_pb2.AdmissionWait, _Mapping]] = ..., reserved: _Optional[_Union[_admission_service_pb2.ReserveUnitsRequest, _Mapping]] = ..., reservations_cancelled: _Optional[_Union[_admission_service_pb2.CancelReservationsRequest, _Mapping]] = ..., consumer_failure: _Optional[_Union[_admission_service_pb2.ReportConsumerFailureRequest, _Mapping]] = ..., checkpoint: _Optional[_Union[_admission_service_pb2.ReportCheckpointRequest, _Mapping]] = ..., attached: _Optional[_Union[_admission_service_pb2.AttachFieldsRequest, _Mapping]] = ...) -> None: ...

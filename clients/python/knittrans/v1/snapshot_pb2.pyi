@@ -33,7 +33,7 @@ METADATA_VALUE_KIND_BYTES: MetadataValueKind
 METADATA_VALUE_KIND_JSON: MetadataValueKind
 
 class AdmissionSnapshot(_message.Message):
-    __slots__ = ("sequence", "version", "engine", "live_reports", "fingerprint_chunks", "fingerprint_count", "fingerprint_size", "media", "reservations", "minibatches", "next_sequence", "acknowledged", "scheduled_requests", "scheduled", "pending_deletes", "last_wait", "admitted_total", "dropped_stale", "released_minibatches", "quota_violations", "schema", "failure_keys", "recent_failures", "failed_verdicts", "consumers", "sources", "checkpoint", "expiring_reservations")
+    __slots__ = ("sequence", "version", "engine", "live_reports", "fingerprint_chunks", "fingerprint_count", "fingerprint_size", "media", "reservations", "minibatches", "next_sequence", "acknowledged", "scheduled_requests", "scheduled", "pending_deletes", "last_wait", "admitted_total", "dropped_stale", "released_minibatches", "quota_violations", "schema", "failure_keys", "recent_failures", "failed_verdicts", "consumers", "sources", "checkpoint", "expiring_reservations", "attached", "role_failed_verdicts")
     class ScheduledEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,8 @@ class AdmissionSnapshot(_message.Message):
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     EXPIRING_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FAILED_VERDICTS_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     version: int
     engine: EngineSnapshot
@@ -104,7 +106,9 @@ class AdmissionSnapshot(_message.Message):
     sources: _containers.RepeatedScalarFieldContainer[str]
     checkpoint: StepIndex
     expiring_reservations: _containers.RepeatedCompositeFieldContainer[ExpiringReservation]
-    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[int] = ..., engine: _Optional[_Union[EngineSnapshot, _Mapping]] = ..., live_reports: _Optional[_Iterable[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]]] = ..., fingerprint_chunks: _Optional[int] = ..., fingerprint_count: _Optional[int] = ..., fingerprint_size: _Optional[int] = ..., media: _Optional[_Iterable[_Union[MediaSignature, _Mapping]]] = ..., reservations: _Optional[_Iterable[_Union[_admission_service_pb2.UnitReservation, _Mapping]]] = ..., minibatches: _Optional[_Iterable[_Union[AdmittedMiniBatchSnapshot, _Mapping]]] = ..., next_sequence: _Optional[int] = ..., acknowledged: _Optional[_Iterable[_Union[ConsumerPosition, _Mapping]]] = ..., scheduled_requests: _Optional[_Iterable[str]] = ..., scheduled: _Optional[_Mapping[int, int]] = ..., pending_deletes: _Optional[_Iterable[str]] = ..., last_wait: _Optional[_Union[TimedWait, _Mapping]] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ..., quota_violations: _Optional[int] = ..., schema: _Optional[_Union[JobSchemaSnapshot, _Mapping]] = ..., failure_keys: _Optional[_Iterable[_Union[ConsumerFailureKey, _Mapping]]] = ..., recent_failures: _Optional[_Iterable[_Union[_admission_service_pb2.ConsumerFailure, _Mapping]]] = ..., failed_verdicts: _Optional[_Mapping[int, _admission_service_pb2.ConsumerFailure]] = ..., consumers: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., sources: _Optional[_Iterable[str]] = ..., checkpoint: _Optional[_Union[StepIndex, _Mapping]] = ..., expiring_reservations: _Optional[_Iterable[_Union[ExpiringReservation, _Mapping]]] = ...) -> None: ...
+    attached: _containers.RepeatedCompositeFieldContainer[_admission_service_pb2.FieldAttachment]
+    role_failed_verdicts: _containers.RepeatedCompositeFieldContainer[_admission_service_pb2.ConsumerFailure]
+    def __init__(self, sequence: _Optional[int] = ..., version: _Optional[int] = ..., engine: _Optional[_Union[EngineSnapshot, _Mapping]] = ..., live_reports: _Optional[_Iterable[_Union[_admission_service_pb2.ReportTrajectoriesRequest, _Mapping]]] = ..., fingerprint_chunks: _Optional[int] = ..., fingerprint_count: _Optional[int] = ..., fingerprint_size: _Optional[int] = ..., media: _Optional[_Iterable[_Union[MediaSignature, _Mapping]]] = ..., reservations: _Optional[_Iterable[_Union[_admission_service_pb2.UnitReservation, _Mapping]]] = ..., minibatches: _Optional[_Iterable[_Union[AdmittedMiniBatchSnapshot, _Mapping]]] = ..., next_sequence: _Optional[int] = ..., acknowledged: _Optional[_Iterable[_Union[ConsumerPosition, _Mapping]]] = ..., scheduled_requests: _Optional[_Iterable[str]] = ..., scheduled: _Optional[_Mapping[int, int]] = ..., pending_deletes: _Optional[_Iterable[str]] = ..., last_wait: _Optional[_Union[TimedWait, _Mapping]] = ..., admitted_total: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., released_minibatches: _Optional[int] = ..., quota_violations: _Optional[int] = ..., schema: _Optional[_Union[JobSchemaSnapshot, _Mapping]] = ..., failure_keys: _Optional[_Iterable[_Union[ConsumerFailureKey, _Mapping]]] = ..., recent_failures: _Optional[_Iterable[_Union[_admission_service_pb2.ConsumerFailure, _Mapping]]] = ..., failed_verdicts: _Optional[_Mapping[int, _admission_service_pb2.ConsumerFailure]] = ..., consumers: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., sources: _Optional[_Iterable[str]] = ..., checkpoint: _Optional[_Union[StepIndex, _Mapping]] = ..., expiring_reservations: _Optional[_Iterable[_Union[ExpiringReservation, _Mapping]]] = ..., attached: _Optional[_Iterable[_Union[_admission_service_pb2.FieldAttachment, _Mapping]]] = ..., role_failed_verdicts: _Optional[_Iterable[_Union[_admission_service_pb2.ConsumerFailure, _Mapping]]] = ...) -> None: ...
 
 class StepIndex(_message.Message):
     __slots__ = ("train_batch_index", "minibatch_index")
@@ -149,20 +153,29 @@ class MediaSignature(_message.Message):
     def __init__(self, key: _Optional[str] = ..., encoder: _Optional[str] = ..., cost: _Optional[float] = ..., placeholder_length: _Optional[int] = ..., kind: _Optional[int] = ..., content_hash: _Optional[str] = ...) -> None: ...
 
 class AdmittedMiniBatchSnapshot(_message.Message):
-    __slots__ = ("sequence", "admission", "owed_steps", "verified", "verdict", "released")
+    __slots__ = ("sequence", "admission", "owed_steps", "verified", "verdict", "released", "role_verdicts")
+    class RoleVerdictsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _admission_service_pb2.MiniBatchVerdict
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ...) -> None: ...
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     OWED_STEPS_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    ROLE_VERDICTS_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     admission: _admission_pb2.MiniBatchAdmission
     owed_steps: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
     verified: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
     verdict: _admission_service_pb2.MiniBatchVerdict
     released: bool
-    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., owed_steps: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verified: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verdict: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ..., released: _Optional[bool] = ...) -> None: ...
+    role_verdicts: _containers.ScalarMap[str, _admission_service_pb2.MiniBatchVerdict]
+    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., owed_steps: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verified: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verdict: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ..., released: _Optional[bool] = ..., role_verdicts: _Optional[_Mapping[str, _admission_service_pb2.MiniBatchVerdict]] = ...) -> None: ...
 
 class ConsumerPosition(_message.Message):
     __slots__ = ("consumer", "sequence")

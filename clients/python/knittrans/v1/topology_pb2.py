@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bknittrans/v1/topology.proto\x12\x0cknittrans.v1\".\n\tCostModel\x12\x0e\n\x06linear\x18\x01 \x01(\x01\x12\x11\n\tquadratic\x18\x02 \x01(\x01\"\xce\x01\n\x10\x42\x61\x63kboneTopology\x12\n\n\x02\x64p\x18\x01 \x01(\r\x12\n\n\x02\x63p\x18\x02 \x01(\r\x12\n\n\x02tp\x18\x03 \x01(\r\x12!\n\x19max_tokens_per_microbatch\x18\x04 \x01(\x04\x12%\n\x04\x63ost\x18\x05 \x01(\x0b\x32\x17.knittrans.v1.CostModel\x12\x1b\n\x13microbatch_multiple\x18\x06 \x01(\r\x12\x19\n\x11sequence_parallel\x18\x07 \x01(\x08\x12\x14\n\x0cpad_multiple\x18\x08 \x01(\r\"X\n\x0f\x45ncoderTopology\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02\x64p\x18\x02 \x01(\r\x12\n\n\x02tp\x18\x03 \x01(\r\x12\x1f\n\x17max_cost_per_microbatch\x18\x04 \x01(\x01\"m\n\x08Topology\x12\x30\n\x08\x62\x61\x63kbone\x18\x01 \x01(\x0b\x32\x1e.knittrans.v1.BackboneTopology\x12/\n\x08\x65ncoders\x18\x02 \x03(\x0b\x32\x1d.knittrans.v1.EncoderTopology\"<\n\nConsumerId\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\x03 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bknittrans/v1/topology.proto\x12\x0cknittrans.v1\".\n\tCostModel\x12\x0e\n\x06linear\x18\x01 \x01(\x01\x12\x11\n\tquadratic\x18\x02 \x01(\x01\"\xce\x01\n\x10\x42\x61\x63kboneTopology\x12\n\n\x02\x64p\x18\x01 \x01(\r\x12\n\n\x02\x63p\x18\x02 \x01(\r\x12\n\n\x02tp\x18\x03 \x01(\r\x12!\n\x19max_tokens_per_microbatch\x18\x04 \x01(\x04\x12%\n\x04\x63ost\x18\x05 \x01(\x0b\x32\x17.knittrans.v1.CostModel\x12\x1b\n\x13microbatch_multiple\x18\x06 \x01(\r\x12\x19\n\x11sequence_parallel\x18\x07 \x01(\x08\x12\x14\n\x0cpad_multiple\x18\x08 \x01(\r\"X\n\x0f\x45ncoderTopology\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\n\n\x02\x64p\x18\x02 \x01(\r\x12\n\n\x02tp\x18\x03 \x01(\r\x12\x1f\n\x17max_cost_per_microbatch\x18\x04 \x01(\x01\"q\n\x0bTrainerRole\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x30\n\x08\x62\x61\x63kbone\x18\x02 \x01(\x0b\x32\x1e.knittrans.v1.BackboneTopology\x12\x10\n\x08produces\x18\x03 \x03(\t\x12\x10\n\x08\x63onsumes\x18\x04 \x03(\t\"\xa9\x01\n\x08Topology\x12\x30\n\x08\x62\x61\x63kbone\x18\x01 \x01(\x0b\x32\x1e.knittrans.v1.BackboneTopology\x12/\n\x08\x65ncoders\x18\x02 \x03(\x0b\x32\x1d.knittrans.v1.EncoderTopology\x12(\n\x05roles\x18\x03 \x03(\x0b\x32\x19.knittrans.v1.TrainerRole\x12\x10\n\x08\x63onsumes\x18\x04 \x03(\t\"<\n\nConsumerId\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x0f\n\x07\x63p_rank\x18\x03 \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BACKBONETOPOLOGY']._serialized_end=300
   _globals['_ENCODERTOPOLOGY']._serialized_start=302
   _globals['_ENCODERTOPOLOGY']._serialized_end=390
-  _globals['_TOPOLOGY']._serialized_start=392
-  _globals['_TOPOLOGY']._serialized_end=501
-  _globals['_CONSUMERID']._serialized_start=503
-  _globals['_CONSUMERID']._serialized_end=563
+  _globals['_TRAINERROLE']._serialized_start=392
+  _globals['_TRAINERROLE']._serialized_end=505
+  _globals['_TOPOLOGY']._serialized_start=508
+  _globals['_TOPOLOGY']._serialized_end=677
+  _globals['_CONSUMERID']._serialized_start=679
+  _globals['_CONSUMERID']._serialized_end=739
 # @@protoc_insertion_point(module_scope)

@@ -46,13 +46,29 @@ class EncoderTopology(_message.Message):
     max_cost_per_microbatch: float
     def __init__(self, name: _Optional[str] = ..., dp: _Optional[int] = ..., tp: _Optional[int] = ..., max_cost_per_microbatch: _Optional[float] = ...) -> None: ...
 
+class TrainerRole(_message.Message):
+    __slots__ = ("name", "backbone", "produces", "consumes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKBONE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    backbone: BackboneTopology
+    produces: _containers.RepeatedScalarFieldContainer[str]
+    consumes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., backbone: _Optional[_Union[BackboneTopology, _Mapping]] = ..., produces: _Optional[_Iterable[str]] = ..., consumes: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Topology(_message.Message):
-    __slots__ = ("backbone", "encoders")
+    __slots__ = ("backbone", "encoders", "roles", "consumes")
     BACKBONE_FIELD_NUMBER: _ClassVar[int]
     ENCODERS_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMES_FIELD_NUMBER: _ClassVar[int]
     backbone: BackboneTopology
     encoders: _containers.RepeatedCompositeFieldContainer[EncoderTopology]
-    def __init__(self, backbone: _Optional[_Union[BackboneTopology, _Mapping]] = ..., encoders: _Optional[_Iterable[_Union[EncoderTopology, _Mapping]]] = ...) -> None: ...
+    roles: _containers.RepeatedCompositeFieldContainer[TrainerRole]
+    consumes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, backbone: _Optional[_Union[BackboneTopology, _Mapping]] = ..., encoders: _Optional[_Iterable[_Union[EncoderTopology, _Mapping]]] = ..., roles: _Optional[_Iterable[_Union[TrainerRole, _Mapping]]] = ..., consumes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConsumerId(_message.Message):
     __slots__ = ("role", "dp_rank", "cp_rank")

@@ -72,10 +72,12 @@ class FieldSchema:
 class JobSchema:
     """The job's stored fields, scalars and metadata; ``declared``: from the config, not the first trajectory."""
 
-    fields: Mapping[str, FieldSchema]
+    fields: Mapping[str, FieldSchema]  # the stored fields reports carry
     scalars: ScalarRules = field(default_factory=dict)
     metadata: MetadataRules = field(default_factory=dict)
     declared: bool = False
+    attached: Mapping[str, FieldSchema] = field(default_factory=dict)  # fields trainer roles attach (docs/roles.md)
+    attached_by: Mapping[str, str] = field(default_factory=dict)  # attached field -> the role that attaches it
 
     @property
     def origin(self) -> str:
@@ -126,12 +128,15 @@ def schema_of(columns: TrajectoryColumns, row: int, label_fields: Collection[str
 
 def declared_schema(declared: TrajectorySchema) -> JobSchema:
     """The job schema a config declares (its label fields were checked with it)."""
-    fields = {name: FieldSchema(kind=_TOKEN_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=spec.row_shape,
-                                coverage=COVERAGE_TO_PROTO[spec.coverage])
-              for name, spec in declared.token_fields.items()}
+    token_fields = {name: FieldSchema(kind=_TOKEN_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype],
+                                      trailing_shape=spec.row_shape, coverage=COVERAGE_TO_PROTO[spec.coverage])
+                    for name, spec in declared.token_fields.items()}
+    attached_by = {name: spec.attached_by for name, spec in declared.attached_fields.items()}
+    fields = {name: spec for name, spec in token_fields.items() if name not in attached_by}
     fields.update({name: FieldSchema(kind=_FIELD, dtype=DTYPE_TO_PROTO[spec.dtype], trailing_shape=None)
                    for name, spec in declared.fields.items()})
-    return JobSchema(fields=fields, scalars=dict(declared.scalars), metadata=dict(declared.metadata), declared=True)
+    return JobSchema(fields=fields, scalars=dict(declared.scalars), metadata=dict(declared.metadata), declared=True,
+                     attached={name: token_fields[name] for name in attached_by}, attached_by=attached_by)
 
 
 def _signature_table(columns: TrajectoryColumns, units: np.ndarray) -> np.ndarray:
@@ -204,6 +209,9 @@ def check_schema(
         name = columns.field_names[int(columns.unit_fields[unit])]
         expected = schema.fields.get(name)
         where = _unit_field(columns, first_bad_row, unit)
+        if expected is None and name in schema.attached_by:
+            raise InvalidArgument(f"field {name!r} is attached by role {schema.attached_by[name]!r} (AttachFields); "
+                                  "reports must not carry it", field=f"{where}.field_name")
         if expected is None:
             raise InvalidArgument(
                 f"field {name!r} is not among the job's fields ({schema.describe()}); {schema.origin}",

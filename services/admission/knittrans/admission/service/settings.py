@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from knittrans.admission.engine import EngineConfig
 from knittrans.admission.service.retention import RetentionPolicy
+from knittrans.admission.service.roles import check_roles_against_schema
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
 from knittrans.serving.settings import ServerSettings
@@ -72,6 +73,7 @@ class AdmissionServiceSettings:
                 self.schema.check_label_fields(self.label_fields)
             except InvalidArgument as exc:
                 raise InvalidArgument(exc.message, field=f"schema.{exc.field}") from exc
+        check_roles_against_schema(self.topology, self.schema)
 
     @property
     def retention(self) -> RetentionPolicy:
