@@ -28,14 +28,15 @@ logger = logging.getLogger(__name__)
 def message_key(consumer: ConsumerId) -> ConsumerId:
     """Whose message ``consumer``'s stream carries: a backbone consumer's DP rank's, an encoder consumer's own."""
     if consumer.encoder_name is None:
-        return ConsumerId(role=BACKBONE_ROLE, dp_rank=consumer.dp_rank)
+        return ConsumerId(role=consumer.role, dp_rank=consumer.dp_rank)
     return consumer
 
 
-def planned_keys(topology: Topology) -> list[ConsumerId]:
-    """Every message of a mini-batch, in build order: encoder consumers first, then backbone DP ranks."""
+def planned_keys(topology: Topology, role: str = BACKBONE_ROLE) -> list[ConsumerId]:
+    """Every message of a mini-batch for the consumers of ``role`` (``topology`` is the one they see), in build
+    order: encoder consumers first, then DP ranks."""
     keys = [ConsumerId(role=f"encoder:{e.name}", dp_rank=d) for e in topology.encoders for d in range(e.dp)]
-    keys.extend(ConsumerId(role=BACKBONE_ROLE, dp_rank=d) for d in range(topology.backbone.dp))
+    keys.extend(ConsumerId(role=role, dp_rank=d) for d in range(topology.backbone.dp))
     return keys
 
 
@@ -67,8 +68,8 @@ def with_trajectory_ids(data: bytes, minibatch: AdmittedMiniBatch) -> pb.WatchAs
 class MiniBatchMessages:
     """Every planned message of one mini-batch, as futures its streams await (see the module docstring)."""
 
-    def __init__(self, minibatch: AdmittedMiniBatch, topology: Topology) -> None:
-        self._keys = planned_keys(topology)
+    def __init__(self, minibatch: AdmittedMiniBatch, topology: Topology, role: str = BACKBONE_ROLE) -> None:
+        self._keys = planned_keys(topology, role)
         self._futures: dict[ConsumerId, asyncio.Future[bytes]] = {}
         admission = admission_pb2.MiniBatchAdmission()
         admission.CopyFrom(minibatch.admission)
@@ -156,7 +157,7 @@ class AssignmentMessages:
         its own message."""
         messages = self._messages.get(dispatch)
         if messages is None:
-            messages = self._messages[dispatch] = MiniBatchMessages(minibatch, dispatch.topology)
+            messages = self._messages[dispatch] = MiniBatchMessages(minibatch, dispatch.topology, dispatch.role)
         inline = len(minibatch.trajectory_ids) <= self._inline_trajectories
         data = await messages.get(minibatch, dispatch, message_key(consumer), None if inline else self._builder)
         return with_trajectory_ids(data, minibatch) if include_trajectory_ids else data

@@ -12,7 +12,7 @@ mini-batch with numpy); it equals ``assignment_to_proto(plan.for_consumer(consum
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,10 +158,15 @@ class MiniBatchDispatch:
     ``ConsumerAssignment`` per encoder consumer."""
 
     def __init__(
-        self, rows: MiniBatchRows, topology: Topology, label_fields: Sequence[str], *, balance_target: float = 1.01
+        self, rows: MiniBatchRows, topology: Topology, label_fields: Sequence[str], *, balance_target: float = 1.01,
+        role: str = BACKBONE_ROLE, message: Callable[[int], trajectory_pb2.TrajectoryMetadata] | None = None,
     ) -> None:
+        """``topology`` is the one the consumers of ``role`` see (a trainer role's own, Topology.view_of);
+        ``message``, when given, is trajectory t's message as its consumers get it (with attached fields)."""
         self.rows = rows
         self.topology = topology
+        self.role = role
+        self._message = message
         self.label_fields = frozenset(label_fields)
         self.layout: PlanLayout = plan_columns(
             rows.trajectory_ids, rows.num_tokens, rows.loss_tokens, rows.references, topology,
@@ -193,7 +198,7 @@ class MiniBatchDispatch:
         per_rank = self.layout.backbone.microbatches_per_rank
         offsets, members = views.microbatch_offsets, views.microbatch_items
         padded, first, encodings = views.padded_tokens, rows.reference_offsets, views.reference_encodings
-        message = rows.message
+        message = self._message or rows.message
         microbatches = []
         for j in range(per_rank):
             g = dp_rank * per_rank + j
@@ -208,7 +213,7 @@ class MiniBatchDispatch:
             microbatches.append({"index": j, "last": j == per_rank - 1,
                                  "num_loss_tokens": views.microbatch_loss_tokens[g], "items": items})
         return {
-            "consumer": {"role": BACKBONE_ROLE, "dp_rank": dp_rank, "cp_rank": 0},
+            "consumer": {"role": self.role, "dp_rank": dp_rank, "cp_rank": 0},
             "minibatch_loss_tokens": self.minibatch_loss_tokens,
             "cp": self.topology.backbone.cp,
             "label_fields": sorted(self.label_fields),

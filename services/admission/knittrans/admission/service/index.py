@@ -268,6 +268,16 @@ class UnitIndex:
             freed.extend(self._drop_references(media))
         return tuple(freed)
 
+    def attach_unit(self, trajectory_id: TrajectoryId, key: UnitKey) -> None:
+        """Count ``key`` (a unit a trainer role attached, see attachments) as one of the trajectory's own units, so
+        that its release frees it with the others."""
+        sample_id, units, media = self._entries[trajectory_id]
+        if key in self._key_owner:
+            raise InvalidArgument(f"already referenced by {self._key_owner[key]!r}", field=key)
+        self._generation += 1
+        self._entries[trajectory_id] = (sample_id, (*units, key), media)
+        self._key_owner[key] = trajectory_id
+
     # -- reservations --------------------------------------------------------------------------------
 
     def reserve(self, trajectory_id: TrajectoryId, sample_id: SampleId, keys: Sequence[UnitKey]) -> bool:

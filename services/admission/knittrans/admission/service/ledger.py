@@ -23,52 +23,27 @@ from dataclasses import dataclass, field
 from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
 from knittrans.admission.engine.decisions import BlockingReason, DropReason, Wait
 from knittrans.admission.engine.state import EngineStatus
-from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.assignments import MiniBatchDispatch, MiniBatchRows, gather_rows
+from knittrans.admission.service.attachments import AttachedFields, apply_attached, role_dispatch
 from knittrans.admission.service.expiry import ReservationExpiry
 from knittrans.admission.service.index import UnitIndex
 from knittrans.admission.service.ingest.report import Classified, check_keys, check_media, replayed_report
 from knittrans.admission.service.ingest.rules import IngestLimits, fingerprint
 from knittrans.admission.service.records import admit_of, drop_of, failure_consumer, wait_of
 from knittrans.admission.service.reservation_records import apply_cancelled, apply_reserved
-from knittrans.admission.service.retention import (
-    AdmittedMiniBatch,
-    RetentionPolicy,
-    StepKey,
-    Verdict,
-    due_for_release,
-)
+from knittrans.admission.service.retention import AdmittedMiniBatch, RetentionPolicy, StepKey, Verdict, due_for_release
+from knittrans.admission.service.roles import all_consumers, group_of, group_of_role, verdict_groups
 from knittrans.admission.service.schema import JobSchema, declared_schema, schema_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.errors import FailedPrecondition, InvalidArgument
 from knittrans.trajectory_schema import TrajectorySchema
-from knittrans.types import (
-    BACKBONE_ROLE,
-    ENCODER_ROLE_PREFIX,
-    AdmissionUnit,
-    ConsumerId,
-    Topology,
-    TrajectoryId,
-    UnitKey,
-)
+from knittrans.types import AdmissionUnit, ConsumerId, Topology, TrajectoryId, UnitKey
 from knittrans.v1 import admission_service_pb2, journal_pb2
 
 logger = logging.getLogger(__name__)
 
 _BLOCK_SHIFT = 20  # a row handle is (block number << 20) | row; a report holds at most 100,000 trajectories
 RECENT_FAILURES = 16  # consumer failures GetStatus lists
-
-
-def all_consumers(topology: Topology) -> tuple[ConsumerId, ...]:
-    """Every planned consumer: one per backbone (dp, cp) and one per encoder dp rank."""
-    backbone = topology.backbone
-    consumers = [
-        ConsumerId(role=BACKBONE_ROLE, dp_rank=dp, cp_rank=cp) for dp in range(backbone.dp) for cp in range(backbone.cp)
-    ]
-    for encoder in topology.encoders:
-        consumers.extend(
-            ConsumerId(role=f"{ENCODER_ROLE_PREFIX}{encoder.name}", dp_rank=dp) for dp in range(encoder.dp)
-        )
-    return tuple(consumers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,12 +83,15 @@ class Applied:
     failure: admission_service_pb2.ConsumerFailure | None = None  # a consumer failure newly recorded
     failed_minibatch: bool = False  # ... and it is the first failure of its mini-batch
     decided: int | None = None  # the sequence whose verdict this record decided
+    attached: bool = False  # a trainer role attached fields (a consuming role may be dispatched now)
 
 
 class AdmissionLedger:
     def __init__(self, settings: LedgerSettings) -> None:
         self.settings = settings
         self.consumers = all_consumers(settings.topology)
+        self._groups = verdict_groups(self.consumers)
+        self.attachments = AttachedFields()  # fields trainer roles attached to live trajectories
         self._consumer_set = frozenset(self.consumers)
         self.engine = AdmissionState(settings.engine, version=settings.initial_version)
         self.version = settings.initial_version
@@ -153,6 +131,7 @@ class AdmissionLedger:
         self.recent_failures: deque[admission_service_pb2.ConsumerFailure] = deque(maxlen=RECENT_FAILURES)
         # Sequence -> the failure that decided its verdict FAILED (kept, like failed_sequences: failures are rare).
         self.failed_verdicts: dict[int, admission_service_pb2.ConsumerFailure] = {}
+        self.role_failed_verdicts: dict[tuple[int, str], admission_service_pb2.ConsumerFailure] = {}  # trainer roles'
 
     # -- checking consumers (no mutation) -------------------------------------------------------------
 
@@ -328,15 +307,18 @@ class AdmissionLedger:
         return Applied(released=due[-1] if due else None, released_count=len(due), freed_keys=tuple(freed))
 
     def _verified(self, consumer: ConsumerId, sequence: int) -> Applied:
-        minibatch = self.minibatches.get(sequence)
-        if minibatch is None or minibatch.verdict is not Verdict.PENDING or consumer in minibatch.verified:
+        minibatch, group = self.minibatches.get(sequence), group_of(consumer)
+        if minibatch is None or minibatch.verdict_of(group) is not Verdict.PENDING or consumer in minibatch.verified:
             return Applied()
         minibatch.verified.add(consumer)
-        if len(minibatch.verified) < len(self.consumers):
+        if not self._groups[group] <= minibatch.verified:
             return Applied()
-        minibatch.verdict = Verdict.OK
-        minibatch.verified = set()
+        minibatch.decide(group, Verdict.OK)
+        minibatch.verified -= self._groups[group]
         return Applied(decided=sequence)
+
+    def _apply_attached(self, record: journal_pb2.JournalRecord) -> Applied:
+        return Applied(attached=apply_attached(self, record.attached))
 
     def _apply_reserved(self, record: journal_pb2.JournalRecord) -> Applied:
         apply_reserved(self, record)
@@ -370,10 +352,14 @@ class AdmissionLedger:
         minibatch = self.minibatches.get(failure.sequence)
         # A failure after an OK verdict (bytes damaged after verification) stays the failing consumer's own: the
         # others may already be delivering the mini-batch.
-        if minibatch is not None and minibatch.verdict is Verdict.PENDING:
-            minibatch.verdict = Verdict.FAILED
-            minibatch.verified = set()
-            self.failed_verdicts[failure.sequence] = kept
+        group = group_of(key[0])
+        if minibatch is not None and minibatch.verdict_of(group) is Verdict.PENDING:
+            minibatch.decide(group, Verdict.FAILED)
+            minibatch.verified -= self._groups[group]
+            if group:
+                self.role_failed_verdicts[(failure.sequence, group)] = kept
+            else:
+                self.failed_verdicts[failure.sequence] = kept
             decided = failure.sequence
         return Applied(failure=kept, failed_minibatch=first, decided=decided)
 
@@ -398,6 +384,7 @@ class AdmissionLedger:
             if not block.live:
                 del self._blocks[number]
         freed = self.index.release(ids)
+        self.attachments.forget(ids)
         for key in freed:
             self.pending_deletes[key] = None
             self._media.pop(key, None)
@@ -441,46 +428,65 @@ class AdmissionLedger:
             digest = self._digests[trajectory_id] = fingerprint(block.columns.canonical_message(row))
         return digest
 
-    def dispatch(self, minibatch: AdmittedMiniBatch) -> MiniBatchDispatch:
-        """The mini-batch's plan: a pure function of its metadata and the topology, so never journaled."""
-        if minibatch.dispatch is None:
+    def dispatch(self, minibatch: AdmittedMiniBatch, role: str = "") -> MiniBatchDispatch:
+        """The mini-batch's plan for the consumers of ``role`` (a ConsumerId.role; a trainer role's is its own): a
+        pure function of its metadata and the topology, so never journaled."""
+        group = group_of_role(role)
+        planned = minibatch.role_dispatches.get(group) if group else minibatch.dispatch
+        if planned is None:
             if any(trajectory_id not in self._rows for trajectory_id in minibatch.trajectory_ids):
                 raise FailedPrecondition(f"mini-batch {minibatch.sequence} is already released")
-            minibatch.dispatch = self.plan_dispatch(minibatch.trajectory_ids)
-        return minibatch.dispatch
+            rows = minibatch.dispatch.rows if minibatch.dispatch is not None else None
+            planned = self.plan_dispatch(minibatch.trajectory_ids, group, rows=rows)
+            minibatch.keep_dispatch(group, planned)
+        return planned
 
-    def plan_dispatch(self, trajectory_ids: Sequence[TrajectoryId]) -> MiniBatchDispatch:
+    def plan_dispatch(self, trajectory_ids: Sequence[TrajectoryId], role: str = "", *,
+                      rows: MiniBatchRows | None = None) -> MiniBatchDispatch:
         """The plan of a mini-batch of these live trajectories; it reads their metadata and changes nothing, so
         the servicer may compute it while the admission's journal record is being written."""
-        located = []
-        for trajectory_id in trajectory_ids:
-            block, row = self._locate(trajectory_id)
-            located.append((block.columns, row))
-        return MiniBatchDispatch(gather_rows(located), self.settings.topology, self.settings.label_fields)
+        if rows is None:
+            located = []
+            for trajectory_id in trajectory_ids:
+                block, row = self._locate(trajectory_id)
+                located.append((block.columns, row))
+            rows = gather_rows(located)
+        return role_dispatch(rows, self.settings.topology, self.settings.label_fields, role, self.attachments)
 
     def awaits_verification(self, consumer: ConsumerId, sequence: int) -> bool:
         """Whether ``consumer``'s VERIFIED of ``sequence`` would change anything (otherwise it is not journaled)."""
         minibatch = self.minibatches.get(sequence)
-        return minibatch is not None and minibatch.verdict is Verdict.PENDING and consumer not in minibatch.verified
+        return minibatch is not None and minibatch.verdict_of(group_of(consumer)) is Verdict.PENDING \
+            and consumer not in minibatch.verified
 
-    def unverified(self, sequence: int) -> list[ConsumerId]:
-        """The planned consumers that have not verified a PENDING mini-batch yet (empty once it is decided)."""
-        minibatch = self.minibatches.get(sequence)
-        if minibatch is None or minibatch.verdict is not Verdict.PENDING:
+    def unverified(self, sequence: int, role: str = "") -> list[ConsumerId]:
+        """The consumers of ``role``'s verdict group that have not verified a PENDING mini-batch yet (empty once
+        it is decided)."""
+        minibatch, group = self.minibatches.get(sequence), group_of_role(role)
+        if minibatch is None or minibatch.verdict_of(group) is not Verdict.PENDING:
             return []
-        return [consumer for consumer in self.consumers if consumer not in minibatch.verified]
+        return [consumer for consumer in self.consumers if consumer in self._groups[group]
+                and consumer not in minibatch.verified]
 
-    def verdict(self, sequence: int) -> tuple[Verdict, admission_service_pb2.ConsumerFailure | None]:
-        """The verdict on admitted mini-batch ``sequence``, with the failure that decided a FAILED one."""
+    def verdict(self, sequence: int, role: str = "") -> tuple[Verdict, admission_service_pb2.ConsumerFailure | None]:
+        """The verdict on admitted mini-batch ``sequence`` for the consumers of ``role`` (a ConsumerId.role), with
+        the failure that decided a FAILED one (:mod:`.roles`)."""
         if not 1 <= sequence < self.next_sequence:
             raise InvalidArgument(f"no assignment {sequence} (last is {self.next_sequence - 1})", field="sequence")
-        failure = self.failed_verdicts.get(sequence)
+        group = group_of_role(role)
+        failure = self.role_failed_verdicts.get((sequence, group)) if group else self.failed_verdicts.get(sequence)
         if failure is not None:
             return Verdict.FAILED, failure
         minibatch = self.minibatches.get(sequence)
         if minibatch is None:  # forgotten: every consumer stepped past it, so it was delivered
             return Verdict.OK, None
-        return minibatch.verdict, None
+        return minibatch.verdict_of(group), None
+
+    def covered_tokens(self, trajectory_id: TrajectoryId, response_only: bool) -> int:
+        """How many tokens of a live trajectory a per-token field covers: all, or its response's."""
+        block, row = self._locate(trajectory_id)
+        start = int(block.columns.response_starts[row]) if response_only else 0
+        return int(block.columns.num_tokens[row]) - start
 
     def pending_after(self, after: int) -> list[AdmittedMiniBatch]:
         """The mini-batches with sequence above ``after``, in order (every consumer gets every one)."""

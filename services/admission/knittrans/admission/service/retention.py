@@ -47,8 +47,26 @@ class AdmittedMiniBatch:
     owed_steps: set[ConsumerId]
     dispatch: MiniBatchDispatch | None = None  # its plan, derived from the metadata on demand; never journaled
     verified: set[ConsumerId] = field(default_factory=set)  # consumers that verified it, while PENDING
-    verdict: Verdict = Verdict.PENDING
+    verdict: Verdict = Verdict.PENDING  # the backbone's (and its encoders')
     released: bool = False  # its units were released
+    role_verdicts: dict[str, Verdict] = field(default_factory=dict)  # "role:<name>" -> that trainer role's verdict
+    role_dispatches: dict[str, MiniBatchDispatch] = field(default_factory=dict)  # trainer roles' plans, on demand
+
+    def verdict_of(self, group: str) -> Verdict:
+        """The verdict of a verdict group (:mod:`.roles`): "" is the backbone's."""
+        return self.role_verdicts.get(group, Verdict.PENDING) if group else self.verdict
+
+    def keep_dispatch(self, group: str, dispatch: MiniBatchDispatch) -> None:
+        if group:
+            self.role_dispatches[group] = dispatch
+        else:
+            self.dispatch = dispatch
+
+    def decide(self, group: str, verdict: Verdict) -> None:
+        if group:
+            self.role_verdicts[group] = verdict
+        else:
+            self.verdict = verdict
 
     @property
     def stepped(self) -> bool:

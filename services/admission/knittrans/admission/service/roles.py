@@ -37,6 +37,14 @@ def group_of(consumer: ConsumerId) -> str:
     return consumer.role if consumer.role_name is not None else BACKBONE_GROUP
 
 
+def verdict_groups(consumers: tuple[ConsumerId, ...]) -> dict[str, frozenset[ConsumerId]]:
+    """Each verdict group's consumers."""
+    groups: dict[str, set[ConsumerId]] = {}
+    for consumer in consumers:
+        groups.setdefault(group_of(consumer), set()).add(consumer)
+    return {group: frozenset(members) for group, members in groups.items()}
+
+
 def group_of_role(role: str) -> str:
     """The verdict group of consumers with ConsumerId.role ``role`` ("" or "backbone": the backbone's)."""
     return role if role.startswith("role:") else BACKBONE_GROUP

@@ -24,6 +24,7 @@ from knittrans.admission.engine import decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, Wait
 from knittrans.admission.service import reservation_gc
 from knittrans.admission.service.assignment_messages import AssignmentMessages
+from knittrans.admission.service.attachments import attach_fields, ready_for, role_verdict
 from knittrans.admission.service.block_merge import coalesce_small_blocks
 from knittrans.admission.service.checkpoints import check_streamable, report_checkpoint
 from knittrans.admission.service.deleter import UnitDeleter
@@ -183,6 +184,9 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
 
     async def _after(self, applied: Applied, at: float) -> None:
         metrics = self._metrics
+        if applied.attached or (applied.decided is not None and self._ledger.settings.topology.roles):
+            async with self._published:  # a trainer role may be dispatched a mini-batch now (attachments)
+                self._published.notify_all()
         if applied.admitted is not None:
             async with self._published:
                 self._published.notify_all()
@@ -301,7 +305,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         consumer = _consumer(request.consumer, "consumer")
         self._ledger.check_consumer(consumer)
         return pb.RegisterConsumerResponse(
-            topology=topology_to_proto(self._ledger.settings.topology),
+            topology=topology_to_proto(self._ledger.settings.topology.view_of(consumer.role)),
             acknowledged_sequence=self._ledger.acknowledged[consumer],
             job=self._job,
             num_minibatches=self._ledger.settings.engine.num_minibatches,
@@ -316,18 +320,28 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         if after >= self._ledger.next_sequence + 1_000_000:
             raise InvalidArgument("is far beyond the last assignment", field="after_sequence")
         check_streamable(self._ledger, after)
+        role = consumer.role
         while True:
             async with self._published:
-                await self._published.wait_for(lambda last=after: self._ledger.next_sequence - 1 > last or self._closed)
+                await self._published.wait_for(lambda last=after: self._closed or self._ready_after(last, role))
                 if self._closed:
                     return
                 pending = self._ledger.pending_after(after)
             for minibatch in pending:  # in sequence order
-                dispatch = self._ledger.dispatch(minibatch)  # reads the ledger: on the loop
+                if not ready_for(self._ledger, minibatch, role):
+                    break  # a trainer role's fields are not all attached yet: wait for them
+                dispatch = self._ledger.dispatch(minibatch, role)  # reads the ledger: on the loop
                 # Serialised once per DP rank (the boundary sends bytes as they are); built off the loop.
                 yield await self._messages.response(minibatch, dispatch, consumer,
                                                     include_trajectory_ids=request.include_trajectory_ids)
                 after = minibatch.sequence
+
+    def _ready_after(self, after: int, role: str) -> bool:
+        """Whether the mini-batch after ``after`` is admitted and may be dispatched to consumers of ``role``."""
+        if self._ledger.next_sequence - 1 <= after:
+            return False
+        following = self._ledger.minibatches.get(after + 1)
+        return following is None or ready_for(self._ledger, following, role)
 
     async def ReportProgress(self, request: pb.ReportProgressRequest, context: aio.ServicerContext):
         consumer = _consumer(request.consumer, "consumer")
@@ -375,17 +389,24 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         timeout = request.timeout_seconds
         if not (math.isfinite(timeout) and 0 <= timeout <= MAX_VERDICT_WAIT):
             raise InvalidArgument(f"must be between 0 and {MAX_VERDICT_WAIT:g} seconds", field="timeout_seconds")
-        sequence = request.sequence
-        verdict, failure = self._ledger.verdict(sequence)
+        sequence, role = request.sequence, request.role
+        if role:  # an unknown role is INVALID_ARGUMENT naming it
+            within("role", lambda: ConsumerId(role=role, dp_rank=0).check_within(self._ledger.settings.topology))
+        verdict, failure = role_verdict(self._ledger, sequence, role)
         if verdict is Verdict.PENDING and timeout > 0:
             async with self._verdicts:
                 try:
                     await asyncio.wait_for(self._verdicts.wait_for(
-                        lambda: self._closed or self._ledger.verdict(sequence)[0] is not Verdict.PENDING), timeout)
+                        lambda: self._closed or role_verdict(self._ledger, sequence, role)[0] is not Verdict.PENDING),
+                        timeout)
                 except TimeoutError:
                     pass
-            verdict, failure = self._ledger.verdict(sequence)
-        return verdict_response(verdict, failure, self._ledger.unverified(sequence))
+            verdict, failure = role_verdict(self._ledger, sequence, role)
+        return verdict_response(verdict, failure, self._ledger.unverified(sequence, role))
+
+    async def AttachFields(self, request: pb.AttachFieldsRequest, context: aio.ServicerContext):
+        return await attach_fields(request, ledger=self._ledger, commits=self._commits, commit=self._commit,
+                                   clock=self._clock)
 
     async def ReportCheckpoint(self, request: pb.ReportCheckpointRequest, context: aio.ServicerContext):
         return await report_checkpoint(request, ledger=self._ledger, commits=self._commits, commit=self._commit,

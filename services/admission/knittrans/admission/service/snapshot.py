@@ -111,7 +111,12 @@ def snapshot_of(ledger: AdmissionLedger, sequence: int, stored: StoredFingerprin
             owed_steps=[consumer_to_proto(c) for c in ledger.consumers if c in minibatch.owed_steps],
             verified=[consumer_to_proto(c) for c in ledger.consumers if c in minibatch.verified],
             verdict=_VERDICT_TO_PROTO[minibatch.verdict], released=minibatch.released,
+            role_verdicts={group: _VERDICT_TO_PROTO[v] for group, v in minibatch.role_verdicts.items()},
         )
+    for trajectory_id, unit in ledger.attachments.items():
+        snapshot.attached.add(trajectory_id=trajectory_id, unit=unit)
+    for (_, _), failure in sorted(ledger.role_failed_verdicts.items()):
+        snapshot.role_failed_verdicts.append(failure)
     for consumer, position in ledger.acknowledged.items():
         snapshot.acknowledged.add(consumer=consumer_to_proto(consumer), sequence=position)
     if ledger.last_wait is not None:
@@ -181,7 +186,11 @@ def restore_ledger(ledger: AdmissionLedger, snapshot: snapshot_pb2.AdmissionSnap
             owed_steps={consumer_from_proto(c) for c in kept.owed_steps},
             verified={consumer_from_proto(c) for c in kept.verified},
             verdict=_VERDICT_FROM_PROTO[kept.verdict], released=kept.released,
+            role_verdicts={group: _VERDICT_FROM_PROTO[v] for group, v in sorted(kept.role_verdicts.items())},
         )
+    for attachment in snapshot.attached:  # after the live reports: the index counts the keys as their own
+        ledger.attachments.record(TrajectoryId(attachment.trajectory_id), attachment.unit)
+        ledger.index.attach_unit(TrajectoryId(attachment.trajectory_id), UnitKey(attachment.unit.key))
     ledger.next_sequence = snapshot.next_sequence
     for position in snapshot.acknowledged:
         ledger.acknowledged[consumer_from_proto(position.consumer)] = position.sequence
@@ -203,6 +212,8 @@ def restore_ledger(ledger: AdmissionLedger, snapshot: snapshot_pb2.AdmissionSnap
     ledger.failed_sequences = {key.sequence for key in snapshot.failure_keys}
     ledger.recent_failures = deque((_copy_failure(f) for f in snapshot.recent_failures), maxlen=RECENT_FAILURES)
     ledger.failed_verdicts = {failed: _copy_failure(f) for failed, f in sorted(snapshot.failed_verdicts.items())}
+    ledger.role_failed_verdicts = {(f.sequence, f.consumer.role): _copy_failure(f)
+                                   for f in snapshot.role_failed_verdicts}
     return StoredFingerprints(chunks=snapshot.fingerprint_chunks, count=snapshot.fingerprint_count)
 
 
