@@ -77,7 +77,8 @@ TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittr
   knittrans.addresses knittrans.aio knittrans.blocking knittrans.cli knittrans.client knittrans.config \
   knittrans.errors knittrans.job knittrans.launch knittrans.packed knittrans.plan knittrans.retry knittrans.rollout \
   knittrans.reservations knittrans.shm knittrans.steps knittrans.store knittrans.submission knittrans.submitted_values \
-  knittrans.tensor_names knittrans.train knittrans.trainer knittrans.trajectory_schema knittrans.types knittrans.values \
+  knittrans.tensor_names knittrans.topology knittrans.train knittrans.trainer knittrans.trajectory_schema knittrans.types \
+  knittrans.values \
   knittrans.wire
 
 lint: venv

@@ -222,7 +222,8 @@ class Topology:
         the backbone's (its sidecar plans and packs with it); the backbone's and encoders' is this one."""
         if not consumer_role.startswith(ROLE_PREFIX):
             return self
-        return Topology(backbone=self.role(consumer_role[len(ROLE_PREFIX):]).backbone)
+        role = self.role(consumer_role[len(ROLE_PREFIX):])
+        return Topology(backbone=role.backbone, roles=(TrainerRole(name=role.name, backbone=role.backbone),))
 
 
 @dataclass(frozen=True, kw_only=True, order=True)

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import grpc
 
+from knittrans.attach import AttachResult, FieldAttachment
 from knittrans.blocking import run_to_completion
 from knittrans.client.aio import DEFAULT_RETRY_CODES, AsyncAdmissionClient
 from knittrans.client.connection import UNARY_RETRY, ConnectionSettings
@@ -162,8 +163,18 @@ class AdmissionClient:
         return run_to_completion(self._client.report_consumer_failure(failure, request_id=request_id,
                                                                    deadline=deadline))
 
+    def attach_fields(
+        self, role: str, sequence: int, attachments: Sequence[FieldAttachment], *, request_id: str | None = None,
+        deadline: timedelta | None = None,
+    ) -> AttachResult:
+        """Report units a trainer role wrote for mini-batch ``sequence`` (:mod:`knittrans.attach`)."""
+        return run_to_completion(self._client.attach_fields(role, sequence, attachments, request_id=request_id,
+                                                            deadline=deadline))
+
     def wait_minibatch_verdict(
-        self, sequence: int, *, wait: timedelta, deadline: timedelta | None = None
+        self, sequence: int, *, wait: timedelta, deadline: timedelta | None = None, role: str = ""
     ) -> MiniBatchVerdict:
-        """One long poll for the verdict on mini-batch ``sequence`` (PENDING if none came within ``wait``)."""
-        return run_to_completion(self._client.wait_minibatch_verdict(sequence, wait=wait, deadline=deadline))
+        """One long poll for the verdict on mini-batch ``sequence`` for consumers of ``role`` (PENDING if none came
+        within ``wait``)."""
+        return run_to_completion(self._client.wait_minibatch_verdict(sequence, wait=wait, deadline=deadline,
+                                                                     role=role))

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from knittrans.attach import AttachResult, FieldAttachment
 from knittrans.client.connection import RETRYABLE_CODES, UNARY_RETRY, ConnectionSettings, error_from_rpc
 from knittrans.client.model import (
     DEFAULT_DEADLINE,
@@ -46,6 +47,7 @@ from knittrans.types import ConsumerId, TrajectoryId, TrajectoryMeta
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import trajectory_pb2
 from knittrans.wire import consumer_to_proto
+from knittrans.wire.trajectory import unit_ref_to_proto
 
 DEFAULT_RETRY_CODES = RETRYABLE_CODES  # the SDK's one set (knittrans.client.connection)
 
@@ -206,12 +208,25 @@ class AsyncAdmissionClient:
         response: pb.ReportConsumerFailureResponse = await self._idempotent("ReportConsumerFailure", request, deadline)
         return response.recorded
 
+    async def attach_fields(
+        self, role: str, sequence: int, attachments: Sequence[FieldAttachment], *, request_id: str | None = None,
+        deadline: timedelta | None = None,
+    ) -> AttachResult:
+        """Report units a trainer role wrote for mini-batch ``sequence`` (:mod:`knittrans.attach`)."""
+        request = pb.AttachFieldsRequest(
+            request_id=request_id or new_request_id(), role=role, sequence=sequence,
+            attachments=[pb.FieldAttachment(trajectory_id=a.trajectory_id, unit=unit_ref_to_proto(a.unit))
+                         for a in attachments])
+        response: pb.AttachFieldsResponse = await self._idempotent("AttachFields", request, deadline)
+        return AttachResult(attached=response.attached, unchanged=response.unchanged, complete=response.complete)
+
     async def wait_minibatch_verdict(
-        self, sequence: int, *, wait: timedelta, deadline: timedelta | None = None
+        self, sequence: int, *, wait: timedelta, deadline: timedelta | None = None, role: str = ""
     ) -> MiniBatchVerdict:
-        """One long poll: the verdict on mini-batch ``sequence``, or PENDING if the service has none after
-        ``wait`` (the call's deadline is ``deadline`` on top of that)."""
-        request = pb.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=wait.total_seconds())
+        """One long poll: the verdict on mini-batch ``sequence`` for consumers of ``role`` (a ConsumerId.role; a
+        trainer role has its own, docs/roles.md), or PENDING if the service has none after ``wait`` (the call's
+        deadline is ``deadline`` on top of that)."""
+        request = pb.WaitMiniBatchVerdictRequest(sequence=sequence, timeout_seconds=wait.total_seconds(), role=role)
         response = await self._idempotent("WaitMiniBatchVerdict", request, deadline,
                                           extra_seconds=wait.total_seconds())
         return verdict_from_proto(response, sequence)

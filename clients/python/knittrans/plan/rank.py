@@ -64,8 +64,9 @@ class RankAssignment:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label_fields", frozenset(self.label_fields))
-        if self.consumer.role != BACKBONE_ROLE or self.consumer.cp_rank != 0:
-            raise InvalidArgument(f"must be a backbone DP rank with cp_rank 0, got {self.consumer}", field="consumer")
+        if not self.consumer.trains_sequences or self.consumer.cp_rank != 0:
+            raise InvalidArgument(f"must be a backbone (or trainer role) DP rank with cp_rank 0, got {self.consumer}",
+                                  field="consumer")
         if self.cp < 1:
             raise InvalidArgument(f"must be at least 1, got {self.cp}", field="cp")
 
@@ -73,7 +74,7 @@ class RankAssignment:
         """CP rank ``cp_rank``'s whole part."""
         check_cp_rank(self.cp, cp_rank)
         return ConsumerAssignment(
-            consumer=ConsumerId(role=BACKBONE_ROLE, dp_rank=self.consumer.dp_rank, cp_rank=cp_rank),
+            consumer=ConsumerId(role=self.consumer.role, dp_rank=self.consumer.dp_rank, cp_rank=cp_rank),
             minibatch_loss_tokens=self.minibatch_loss_tokens,
             cp=self.cp,
             microbatches=tuple(

@@ -12,7 +12,7 @@ from functools import partial
 from knittrans.errors import InvalidArgument, within
 from knittrans.plan.assignment import ConsumerAssignment, MicroBatchAssignment
 from knittrans.plan.rank import RankAssignment, RankItem, RankMicroBatch, check_cp_rank, cp_items
-from knittrans.types import BACKBONE_ROLE, ConsumerId
+from knittrans.types import ConsumerId
 from knittrans.v1 import plan_pb2
 from knittrans.wire import consumer_from_proto, consumer_to_proto, trajectory_from_proto, trajectory_to_proto
 
@@ -42,7 +42,7 @@ def rank_assignment_to_proto(assignment: RankAssignment) -> plan_pb2.RankAssignm
 def check_rank_message(message: plan_pb2.RankAssignment, consumer: ConsumerId) -> None:
     """That ``message`` is the part of ``consumer``'s DP rank, and ``consumer`` one of its CP ranks."""
     sent = within("rank_assignment.consumer", lambda: consumer_from_proto(message.consumer))
-    if consumer.role != BACKBONE_ROLE or sent != ConsumerId(role=BACKBONE_ROLE, dp_rank=consumer.dp_rank):
+    if not consumer.trains_sequences or sent != ConsumerId(role=consumer.role, dp_rank=consumer.dp_rank):
         raise InvalidArgument(f"is {sent}'s part, not one for {consumer}", field="rank_assignment.consumer")
     if message.cp < 1:
         raise InvalidArgument(f"must be at least 1, got {message.cp}", field="rank_assignment.cp")

@@ -75,21 +75,25 @@ admission service retains them (``retain_until_checkpoint``; global rank 0 repor
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import grpc
 
+from knittrans.attach import AttachResult, FieldAttacher
+from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, error_from_rpc, open_channel
 from knittrans.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MiniBatchRestarted, Unavailable
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
 from knittrans.retry import retry_call
 from knittrans.steps import StepId
+from knittrans.store.factory import open_store
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext, MiniBatchFeed, Staged
 from knittrans.trainer.prefetch import SIDECAR_RETRY, Prefetcher
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
+from knittrans.types import BACKBONE_ROLE, ConsumerId, Coverage, FieldAlignment
 from knittrans.v1 import reorg_service_pb2 as pb
 from knittrans.v1 import reorg_service_pb2_grpc
 
@@ -129,6 +133,7 @@ class TrainerClient:
         self._feed: MiniBatchFeed | None = None
         self._stager: Any = None
         self._iterating = False
+        self._field_attacher: FieldAttacher | None = None
         self.stats = TrainerStats()
         self.start()
 
@@ -195,6 +200,41 @@ class TrainerClient:
             prefetcher.completed_through = max(prefetcher.completed_through, mini.sequence)
             self.stats.mini_batches += 1
 
+    def attach(
+        self, batch: MiniBatch | MicroBatch, values: Mapping[str, Mapping[str, Any] | Sequence[Any]], *,
+        coverage: Mapping[str, Coverage | str] | None = None,
+        alignment: Mapping[str, FieldAlignment | str] | None = None,
+    ) -> AttachResult | None:
+        """Attach fields this trainer role computed to the trajectories of ``batch`` (docs/roles.md): ``values``
+        maps each field to ``{trajectory id: per-trajectory tensor}``, or, for a micro-batch, to a list of
+        tensors aligned with ``micro.trajectory_ids``. Each tensor's leading axis covers the trajectory's tokens
+        (``coverage`` ``response``: only its response's), as the job's schema declares the field. The values are
+        written to the store (``settings.store``) and reported to the admission service (``settings.admission``).
+        TP rank 0 attaches; the others' calls return None (they would change nothing)."""
+        descriptor = batch.descriptor
+        role = ConsumerId(role=descriptor.role, dp_rank=0).role_name
+        if role is None:
+            raise FailedPrecondition(f"only a trainer role attaches fields; this rank is {descriptor.role!r}",
+                                     field="role")
+        if descriptor.cp > 1:
+            raise FailedPrecondition("a role that attaches fields must have cp 1 for now (each rank then holds "
+                                     "whole sequences)", field="cp")
+        if self._settings.tp_rank != 0:
+            return None
+        by_trajectory = {name: per_trajectory(batch, name, value) for name, value in values.items()}
+        return self._attacher(role).attach(descriptor.sequence, by_trajectory, coverage=coverage, alignment=alignment)
+
+    def _attacher(self, role: str) -> FieldAttacher:
+        if self._field_attacher is None:
+            settings = self._settings
+            if not settings.store or settings.admission is None:
+                raise FailedPrecondition("attaching needs the unit store (store) and the admission service "
+                                         "(admission) in the trainer's settings", field="store")
+            self._field_attacher = FieldAttacher(role=role, store=open_store(settings.store),
+                                                 reporter=AdmissionClient(settings.admission),
+                                                 namespace=settings.namespace)
+        return self._field_attacher
+
     def status(self, *, timeout: float = 5.0) -> pb.GetReorgStatusResponse:
         request = pb.GetReorgStatusRequest()
         response: pb.GetReorgStatusResponse = self._call(self._stub.GetReorgStatus, request, timeout)
@@ -229,6 +269,8 @@ class TrainerClient:
         self._channel.close()
         if self._progress is not None:
             self._progress.close()
+        if self._field_attacher is not None:
+            self._field_attacher.close()
         if self._stager is not None:
             self._stager.close()
 
@@ -257,6 +299,20 @@ class TrainerClient:
             return
         if self._settings.tp_rank == 0:
             self._progress.optimizer_step(mini.consumer, mini.sequence)
-        if self._settings.advances_version and mini.last_of_train_batch:
+        if self._settings.advances_version and mini.last_of_train_batch and mini.consumer.role == BACKBONE_ROLE:
             version = self._progress.advance_version(mini.train_batch_index, mini.train_version + 1)
             logger.info("train batch %d done; policy version is now %d", mini.train_batch_index, version)
+
+
+def per_trajectory(batch: MiniBatch | MicroBatch, name: str, value: Mapping[str, Any] | Sequence[Any]
+                   ) -> Mapping[str, Any]:
+    """A field's values by trajectory id: as given, or a micro-batch's list aligned with its trajectory ids."""
+    if isinstance(value, Mapping):
+        return value
+    if not isinstance(batch, MicroBatch):
+        raise InvalidArgument("a mini-batch's values map trajectory ids to tensors", field=f"values.{name}")
+    ids = batch.trajectory_ids
+    if len(value) != len(ids):
+        raise InvalidArgument(f"has {len(value)} values for the micro-batch's {len(ids)} trajectories",
+                              field=f"values.{name}")
+    return dict(zip(ids, value, strict=True))

@@ -27,7 +27,9 @@ class TrainerSettings:
     wait_timeout_seconds: float = 0.0  # > 0: raise DeadlineExceeded when no micro-batch comes for this long
     admission: ConnectionSettings | None = None  # progress reports go here; None: nobody is told
     report_progress: bool = True
-    advance_version: bool | None = None  # None: global rank 0 does
+    advance_version: bool | None = None  # None: global rank 0 does (of the backbone; a trainer role's never)
+    store: str = ""  # the unit store's URL: a trainer role's ranks write the fields they attach there
+    namespace: str = "default"  # prefix of the keys of attached units (like RolloutClient's)
 
     def __post_init__(self) -> None:
         if not self.sidecar:

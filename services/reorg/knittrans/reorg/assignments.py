@@ -419,7 +419,7 @@ class AdmissionAssignmentSource:
         polls = 0
         while True:
             polls += 1
-            verdict = await self._client.wait_minibatch_verdict(sequence, wait=poll)
+            verdict = await self._client.wait_minibatch_verdict(sequence, wait=poll, role=self._consumer.role)
             if verdict.state is VerdictState.OK:
                 return Verdict()
             if verdict.state is VerdictState.FAILED:
