@@ -20,7 +20,12 @@ ingests them live, and the RSS of a service that recovered them from the journal
 Targets (issue 15): recovery <= 2 s after 1M trajectories reported 10 at a time; <= 2 KB per pending trajectory
 whatever the report size.
 
-    python benchmarks/recovery.py [--quick] [--trajectories N] [--rounds R] [--memory-trajectories M]
+    python benchmarks/recovery.py [--quick] [--trajectories N] [--rounds R] [--memory-trajectories M] [--memory-only]
+
+Memory before and after a change to the ledger, side by side (``--script head``: the baseline's script may lack
+``--memory-only``; each arm still imports its own code):
+
+    python benchmarks/ab.py --base main --benchmark recovery --script head --rounds 1 -- --memory-only
 """
 
 from __future__ import annotations
@@ -306,6 +311,7 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=1_000_000, help="trajectories in the recovery journal")
     parser.add_argument("--rounds", type=int, default=3, help="starts of each arm")
     parser.add_argument("--memory-trajectories", type=int, default=100_000, help="pending trajectories measured")
+    parser.add_argument("--memory-only", action="store_true", help="measure the memory per pending trajectory only")
     args = parser.parse_args()
     if args.quick:
         args.trajectories, args.rounds, args.memory_trajectories = 20_000, 2, 5_000
@@ -315,8 +321,10 @@ def main() -> None:
         try:
             log("memory per pending trajectory")
             memory = measure_memory(server.url, workdir, args.memory_trajectories)
-            log("recovery")
-            recovery = measure_recovery(server.url, workdir, args.trajectories, args.rounds)
+            recovery = None
+            if not args.memory_only:
+                log("recovery")
+                recovery = measure_recovery(server.url, workdir, args.trajectories, args.rounds)
         finally:
             server.stop()
     print(json.dumps({

@@ -25,6 +25,7 @@ from knittrans.admission.engine.decisions import BlockingReason, DropReason, Wai
 from knittrans.admission.engine.state import EngineStatus
 from knittrans.admission.service.assignments import MiniBatchDispatch, MiniBatchRows, gather_rows
 from knittrans.admission.service.attachments import AttachedFields, apply_attached, role_dispatch
+from knittrans.admission.service.compact_columns import compact_columns
 from knittrans.admission.service.expiry import ReservationExpiry
 from knittrans.admission.service.index import UnitIndex
 from knittrans.admission.service.ingest.report import Classified, check_keys, check_media, replayed_report
@@ -63,7 +64,7 @@ class _Block:
     __slots__ = ("columns", "live", "oldest")
 
     def __init__(self, columns: TrajectoryColumns, live: int, oldest: Sequence[int]) -> None:
-        self.columns = columns
+        self.columns = compact_columns(columns)  # kept while any row is pending: the smaller, exact form
         self.live = live
         self.oldest = tuple(oldest)  # kept for as long as the rows: a tuple of ints, which the collector ignores
 

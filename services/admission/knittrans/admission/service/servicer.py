@@ -29,6 +29,7 @@ from knittrans.admission.service.block_merge import coalesce_small_blocks
 from knittrans.admission.service.checkpoints import check_streamable, report_checkpoint
 from knittrans.admission.service.deleter import UnitDeleter
 from knittrans.admission.service.gc_pacing import collect_young_objects
+from knittrans.admission.service.heap import release_free_heap
 from knittrans.admission.service.ingest.report import Classified, classify
 from knittrans.admission.service.ingest.reservations import check_reservations
 from knittrans.admission.service.journal import Journal
@@ -114,6 +115,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         replayed."""
         started = time.monotonic()
         count = await self._commits.recover()
+        release_free_heap()  # what parsing the snapshot and replaying took is not held for the service's life
         self._deleter.enqueue(self._ledger.pending_deletes)
         if self._commits.applied_sequence:
             logger.info(

@@ -9,6 +9,7 @@ trajectory's domain object, so both forms of one trajectory are interchangeable.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -159,7 +160,8 @@ class TrajectoryColumns:
             check_length("values", batch.values, n, "one per trajectory, or none")
             values = tuple(v if v.int_scalars or v.bool_scalars or v.metadata else None for v in batch.values)
         columns = TrajectoryColumns(
-            plain={spec.column: tuple(getattr(batch, spec.column)) if spec.dtype == "str"
+            plain={spec.column: _strings(getattr(batch, spec.column), spec.column in _SHARED_COLUMNS)
+                   if spec.dtype == "str"
                    else np.zeros(n, spec.dtype) if spec.sparse and not len(getattr(batch, spec.column))
                    else column_array(getattr(batch, spec.column), spec.dtype) for spec in TRAJECTORY_COLUMNS},
             segment_offsets=segment_offsets,
@@ -175,7 +177,7 @@ class TrajectoryColumns:
             unit_has_header=np.ones(num_units, dtype=bool),
             unit_headers=HeaderColumns.from_proto(batch.unit_headers, num_units, "unit_headers"),
             multimodal_offsets=multimodal_offsets,
-            multimodal_keys=tuple(batch.multimodal_keys),
+            multimodal_keys=_strings(batch.multimodal_keys, shared=True),
             multimodal_encoder_indices=encoder_indices,
             encoders=list(batch.encoders),
             multimodal_costs=column_array(batch.multimodal_costs, np.float64),
@@ -368,6 +370,14 @@ _PLAIN_COLUMN_NAMES = tuple(spec.column for spec in TRAJECTORY_COLUMNS)
 _NAMED_PLAIN_COLUMNS = ("trajectory_ids", "sample_ids", "sources", "rollout_steps", "num_tokens", "num_loss_tokens",
                         "accepted", "finished_at", "response_starts")
 _SPARSE_COLUMNS = frozenset(spec.column for spec in TRAJECTORY_COLUMNS if spec.sparse)
+# Strings that repeat across trajectories (the trajectories of one sample share its id and its multimodal inputs):
+# interned, so that the ledger, the index and the engine hold one object per distinct value, not one per report
+# row (a pending trajectory's memory, issue 15).
+_SHARED_COLUMNS = frozenset(("sample_ids", "sources"))
+
+
+def _strings(values: Sequence[str], shared: bool) -> tuple[str, ...]:
+    return tuple(map(sys.intern, values)) if shared else tuple(values)
 
 
 def _sparse_unit_column(batch: trajectory_pb2.TrajectoryBatch, name: str, num_units: int) -> np.ndarray:
