@@ -192,8 +192,6 @@ class Topology:
         if len(names) != len(set(names)):
             raise InvalidArgument("encoder names must be unique", field="encoders")
         _check_field_list(self.consumes, "consumes")
-        if self.roles and self.encoders:
-            raise InvalidArgument("trainer roles with multimodal encoders are not supported yet", field="roles")
         check_role_graph(self.roles, self.consumes)
 
     def encoder(self, name: str) -> EncoderTopology:

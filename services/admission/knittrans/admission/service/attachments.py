@@ -15,10 +15,14 @@ copy); a different one is :class:`~knittrans.errors.Conflict` naming both.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from knittrans.admission.planning.encoder import ReferenceColumns
 from knittrans.admission.service.assignments import MiniBatchDispatch, MiniBatchRows
 from knittrans.admission.service.retention import AdmittedMiniBatch, Verdict
 from knittrans.errors import Conflict, FailedPrecondition, InvalidArgument, within
@@ -234,24 +238,44 @@ def role_dispatch(rows: MiniBatchRows, topology: Topology, label_fields: Sequenc
     attached."""
     role = role or BACKBONE_ROLE
     consumed = topology.consumed_by(role)
+    text_only = role != BACKBONE_ROLE and len(rows.references.keys) > 0
+    if text_only:  # images and their encodings are the backbone's (its encoders); a trainer role reads no media
+        rows = without_references(rows)
 
     def message(t: int) -> trajectory_pb2.TrajectoryMetadata:
         units = attached.of(TrajectoryId(rows.trajectory_ids[t]))
-        return with_attached(rows.message(t), (units[name] for name in consumed if name in units))
+        return with_attached(rows.message(t), (units[name] for name in consumed if name in units),
+                             drop_multimodal=text_only)
 
     return MiniBatchDispatch(rows, topology.view_of(role), label_fields, role=role,
-                             message=message if consumed else None)
+                             message=message if consumed or text_only else None)
 
 
-def with_attached(message: trajectory_pb2.TrajectoryMetadata, units: Iterable[trajectory_pb2.UnitRef]
-                  ) -> trajectory_pb2.TrajectoryMetadata:
-    """A trajectory's message with attached units beside its reported ones (a copy; ``message`` is shared)."""
+def without_references(rows: MiniBatchRows) -> MiniBatchRows:
+    """The rows as a text-only consumer plans them: the same trajectories, none of their multimodal references."""
+    return dataclasses.replace(
+        rows,
+        references=ReferenceColumns(
+            trajectories=np.zeros(0, dtype=np.int64), keys=(), encoders=(), costs=np.zeros(0, dtype=np.float64),
+            starts=np.zeros(0, dtype=np.int64), ends=np.zeros(0, dtype=np.int64), kinds=(), content_hashes=()),
+        reference_kinds=[],
+        reference_offsets=[0] * (len(rows.trajectory_ids) + 1),
+        _messages={},
+    )
+
+
+def with_attached(message: trajectory_pb2.TrajectoryMetadata, units: Iterable[trajectory_pb2.UnitRef], *,
+                  drop_multimodal: bool = False) -> trajectory_pb2.TrajectoryMetadata:
+    """A trajectory's message with attached units beside its reported ones, and without its multimodal references
+    for a text-only consumer (a copy; ``message`` is shared)."""
     extra = list(units)
-    if not extra:
+    if not extra and not (drop_multimodal and len(message.multimodal)):
         return message
     copy = trajectory_pb2.TrajectoryMetadata()
     copy.CopyFrom(message)
     copy.units.extend(extra)
+    if drop_multimodal:
+        copy.ClearField("multimodal")
     return copy
 
 
