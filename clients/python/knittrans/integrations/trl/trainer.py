@@ -50,6 +50,9 @@ from knittrans.trainer.client import TrainerClient
 
 logger = logging.getLogger(__name__)
 
+# Admission waits for more ready data (AdmissionStatus.blocking_reason): the rollout generates. While it waits for
+# the trainers, the rollout waits too.
+WAITING_FOR_DATA = frozenset({"train_batch_size", "source_quota", "completion_quota", "feasibility"})
 STEP_FILE = "knittrans-step.json"  # in each checkpoint folder: the last KnitTrans step the checkpoint applied
 
 
@@ -180,26 +183,26 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         logger.info("submitted generation batch %d: %d trajectories at policy version %d", ids.generation,
                     len(metas), version)
 
-    def generate_and_submit(self, *, until_version: int, pool_groups: int | None = None,
-                            poll_seconds: float = 0.05, before_generation: Callable[[int], None] | None = None
-                            ) -> int:
+    def generate_and_submit(self, *, until_version: int, poll_seconds: float = 0.05,
+                            before_generation: Callable[[int], None] | None = None) -> int:
         """A rollout-only process: generate and submit generation batches until the trainers have advanced the
-        policy to ``until_version``, keeping at most ``pool_groups`` groups (default: one generation batch's)
-        waiting for admission. ``before_generation(version)`` runs before each batch: load that policy version's
-        weights there (the trainers' checkpoints, or TRL's vLLM weight sync). Returns the trajectories submitted."""
+        policy to ``until_version``. A batch is generated whenever admission waits for data (too few ready
+        groups, a source under its quota); while it waits for the trainers (the train batch is complete and
+        ``max_batches_ahead`` holds the next one back) the rollout waits too, so it never runs further ahead of
+        training than admission does. ``before_generation(version)`` runs before each batch: load that policy
+        version's weights there (the trainers' checkpoints, or TRL's vLLM weight sync). Returns the trajectories
+        submitted."""
         if self.knittrans.rollout is None:
             raise FailedPrecondition("this process has no rollout client")
         self.model.train()  # TRL generates in its training mode (num_generations, sampling)
         loader = self.get_train_dataloader()
         batches = iter(loader)
-        per_batch = self.args.per_device_train_batch_size * self.args.steps_per_generation // self.num_generations
-        limit = per_batch if pool_groups is None else pool_groups
         before = len(self.submitted)
         while True:
             status = self.knittrans.admission.status()
             if status.policy_version >= until_version:
                 return len(self.submitted) - before
-            if status.pool_size >= limit:
+            if status.blocking_reason not in WAITING_FOR_DATA:
                 time.sleep(poll_seconds)
                 continue
             try:
