@@ -134,6 +134,8 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         self._generation = 0
         self._minibatches: Iterator[MiniBatch] | None = None
         self._current: MiniBatch | None = None
+        self._taken = 0  # mini-batches taken from the trainer client
+        self._extra_batches: Iterator[Any] | None = None
         self.last_step: StepId | None = None  # the last mini-batch whose optimizer step finished here
         self.submitted: list[str] = []  # trajectory ids this process submitted, in order
         self.add_callback(_ReportProgress(self))
@@ -231,9 +233,32 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         client = self.knittrans.trainer
         if client is None:
             raise FailedPrecondition("this process has no trainer client: it only generates (generate_and_submit)")
+        if self.knittrans.rollout is not None and self.accelerator.num_processes == 1:
+            self._generate_until_admitted()
         if self._minibatches is None:
             self._minibatches = client.mini_batches()
-        return next(self._minibatches)
+        mini = next(self._minibatches)
+        self._taken += 1
+        return mini
+
+    def _generate_until_admitted(self) -> None:
+        """Colocated: TRL's one generation batch per optimizer step may not fill a train batch under the quotas
+        (too few groups of a source). While admission waits for data and has nothing admitted for this step,
+        generate more from a dataloader of our own (TRL's schedule itself is unchanged)."""
+        while True:
+            status = self.knittrans.admission.status()
+            admitted = status.train_batch_index * status.num_minibatches + status.minibatch_index
+            if admitted > self._taken or status.blocking_reason not in WAITING_FOR_DATA:
+                return
+            if self._extra_batches is None:
+                self._extra_batches = iter(self.get_train_dataloader())
+            try:
+                batch = next(self._extra_batches)
+            except StopIteration:
+                self._extra_batches = iter(self.get_train_dataloader())
+                batch = next(self._extra_batches)
+            logger.info("admission waits for %s: generating another batch", status.blocking_reason)
+            self._generate_and_score_completions(batch)
 
     def _train_minibatch(self, model: Any) -> torch.Tensor:
         while True:
