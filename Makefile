@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.knittrans-installed
-EXTRAS := admission,reorg,train,ray,mooncake,dev
+EXTRAS := admission,reorg,train,ray,mooncake,trl,dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SYSTEM_PACKAGES := redis-server libibverbs1 prometheus
 PROTO_OUT := clients/python
@@ -75,10 +75,10 @@ proto: venv
 # tests/unit/core/test_types.py reads this list and checks that it names every SDK module.
 TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing \
   knittrans.addresses knittrans.aio knittrans.blocking knittrans.cli knittrans.client knittrans.config \
-  knittrans.errors knittrans.job knittrans.launch knittrans.packed knittrans.plan knittrans.retry knittrans.rollout \
-  knittrans.reservations knittrans.shm knittrans.steps knittrans.store knittrans.submission knittrans.submitted_values \
-  knittrans.tensor_names knittrans.topology knittrans.train knittrans.trainer knittrans.trajectory_schema knittrans.types \
-  knittrans.values \
+  knittrans.errors knittrans.integrations knittrans.job knittrans.launch knittrans.packed knittrans.plan \
+  knittrans.retry knittrans.rollout knittrans.reservations knittrans.shm knittrans.steps knittrans.store \
+  knittrans.submission knittrans.submitted_values knittrans.tensor_names knittrans.topology knittrans.train \
+  knittrans.trainer knittrans.trajectory_schema knittrans.types knittrans.values \
   knittrans.wire
 
 lint: venv

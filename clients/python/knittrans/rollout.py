@@ -285,6 +285,13 @@ class RolloutClient:
         )
         return self.submit_many([trajectory])[0]
 
+    def flush(self) -> None:
+        """Return once every submitted trajectory is reported (a batching reporter sends what it holds; one that
+        reports as it goes has nothing to do)."""
+        flush = getattr(self._reporter, "flush", None)
+        if callable(flush):
+            flush()
+
     def submit_many(self, trajectories: Sequence[Trajectory]) -> list[TrajectoryMeta]:
         """Store several trajectories with shared batches; all are validated before anything is written."""
         metas, writes = self.split_many(trajectories)
