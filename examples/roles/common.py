@@ -61,3 +61,16 @@ def clipped_surrogate(logprobs, old_logprobs, advantages, clip: float = 0.2) -> 
     """PPO's clipped policy loss per position (the caller masks and normalises)."""
     ratio = torch.exp(logprobs - old_logprobs)
     return -torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - clip, 1 + clip) * advantages)
+
+
+def gae(values: torch.Tensor, reward: float, gamma: float = 1.0, lam: float = 0.95) -> torch.Tensor:
+    """Generalised advantage estimates over one response: ``values[j]`` is the critic's value of the state that
+    generated response token j, the reward comes with the last token, and the value after it is 0."""
+    advantages = torch.zeros_like(values)
+    running = 0.0
+    for j in reversed(range(len(values))):
+        next_value = values[j + 1] if j + 1 < len(values) else 0.0
+        delta = (reward if j == len(values) - 1 else 0.0) + gamma * next_value - values[j]
+        running = delta + gamma * lam * running
+        advantages[j] = running
+    return advantages
