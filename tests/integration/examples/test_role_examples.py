@@ -178,4 +178,7 @@ def test_the_ppo_example_computes_gae_from_the_critic_values_and_trains_both(
                          for i, old in zip(range(start, len(tokens)), written["old_logprobs"], strict=True)]
                 assert used["ratio"] == pytest.approx(ratio, abs=1e-5) and ratio == pytest.approx([1.0] * len(ratio),
                                                                                                   abs=1e-5)
+    moved = [abs(v - naive_value(critic, submitted[t]["input_ids"][submitted[t]["response_start"] + j - 1]))
+             for t, used in steps[1]["used"].items() for j, v in enumerate(used["values"])]
+    assert max(moved) > 1e-6  # the critic trained on the first mini-batch before valuing the second
     assert_store_empties(STORES[1])
