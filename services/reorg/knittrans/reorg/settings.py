@@ -3,7 +3,7 @@
 Example::
 
     job: grpo-7b
-    role: backbone          # or encoder:<name>
+    role: backbone          # or encoder:<name>, or role:<name> (a trainer role)
     dp_rank: 0
     cp_rank: 1
     store: mooncake://10.0.0.5:50051
