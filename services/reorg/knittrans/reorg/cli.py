@@ -26,7 +26,7 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     parser.add_argument("--config", help="YAML config file (default: $KNITTRANS_CONFIG)")
     parser.add_argument("--job", help="job name: prefixes shared-memory segments and the default socket "
                                       "(default: the admission service's job)")
-    parser.add_argument("--role", help="backbone (default), encoder:<name>, or role:<name> (a trainer role; docs/roles.md)")
+    parser.add_argument("--role", help="backbone (default), encoder:<name>, or role:<name> (a trainer role)")
     parser.add_argument("--dp-rank", type=int)
     parser.add_argument("--cp-rank", type=int)
     parser.add_argument("--store", help="unit store URL: file:///dev/shm/..., mooncake://host:port, ray://")
