@@ -44,17 +44,11 @@ def label_logprobs(policy: Bigram, micro) -> torch.Tensor:
     return torch.where(labels != -100, picked, torch.zeros_like(picked))
 
 
-def sequences(micro) -> list[slice]:
-    """Each trajectory's packed rows, in ``micro.trajectory_ids`` order (cp 1: whole sequences)."""
-    starts, lengths = micro["cu_seqlens"].tolist(), micro["seq_lengths"].tolist()  # padding may follow each one
-    return [slice(start, start + length) for start, length in zip(starts[:-1], lengths, strict=True)]
-
-
 def response_rows(micro) -> list[slice]:
     """Each trajectory's packed rows whose label is a response token: where a response-only field submitted or
     attached token-aligned lands (``old_logprobs.mask`` is 1 exactly there), one row per response token."""
     mask = micro["old_logprobs.mask"] != 0
-    return [slice(s.start + int(torch.nonzero(mask[s])[0]), s.stop - 1) for s in sequences(micro)]
+    return [slice(s.start + int(torch.nonzero(mask[s])[0]), s.stop - 1) for s in micro.sequence_rows()]
 
 
 def clipped_surrogate(logprobs, old_logprobs, advantages, clip: float = 0.2) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import build_policy, label_logprobs, sequences
+from common import build_policy, label_logprobs
 
 from knittrans.client.connection import ConnectionSettings
 from knittrans.trainer import TrainerClient, TrainerSettings
@@ -40,7 +40,7 @@ def main() -> None:
             for micro in mini:
                 with torch.no_grad():
                     logprobs = label_logprobs(reference, micro)
-                per_trajectory = [logprobs[rows].clone() for rows in sequences(micro)]
+                per_trajectory = [logprobs[rows].clone() for rows in micro.sequence_rows()]
                 trainer.attach(micro, {"ref_logprobs": per_trajectory}, alignment={"ref_logprobs": "label"})
             mini.complete()
             print(f"reference: attached ref_logprobs to mini-batch {mini.sequence}")

@@ -145,9 +145,11 @@ class Pipeline:
             for micro in mini:
                 tensors = {name: tensor.numpy().copy() for name, tensor in micro.tensors.items()}
                 cu = tensors["cu_seqlens"]
+                sequence_rows = micro.sequence_rows()
                 for i, t in enumerate(micro.trajectory_ids):
                     w = self.written[t]
                     rows = slice(int(cu[i]), int(cu[i]) + len(w.tokens))
+                    assert sequence_rows[i] == rows, t
                     np.testing.assert_array_equal(tensors["input_ids"][rows], w.tokens)
                     ref = tensors["ref_logprobs"][rows]
                     assert ref.tobytes() == self.attached["ref_logprobs"][t].tobytes(), t

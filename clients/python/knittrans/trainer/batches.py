@@ -80,6 +80,16 @@ class MicroBatch:
     def trajectory_ids(self) -> tuple[str, ...]:
         return self.descriptor.trajectory_ids
 
+    def sequence_rows(self) -> list[slice]:
+        """Each trajectory's packed rows, in :attr:`trajectory_ids` order, without the padding that may follow it:
+        what to slice a per-token output with before attaching it (docs/roles.md). Whole sequences need cp 1; a
+        rank of cp > 1 holds two zigzag chunks of each sequence."""
+        if self.descriptor.cp > 1:
+            raise FailedPrecondition(f"this rank holds chunks of its sequences (cp {self.descriptor.cp}), not whole "
+                                     "ones", field="cp")
+        starts, lengths = self["cu_seqlens"].tolist(), self["seq_lengths"].tolist()
+        return [slice(start, start + length) for start, length in zip(starts[:-1], lengths, strict=True)]
+
     @property
     def metadata(self) -> NonTensorBatch:
         """The items' metadata, one column per name aligned with :attr:`trajectory_ids` (verl's
