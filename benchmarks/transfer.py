@@ -203,8 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if roles_arm:
             roles_clusters = RolesClusters(config, reference, stores=stores, slots=arguments.slots,
                                            prefetch=arguments.prefetch)
-            order += [("roles", (store, passes)) for store in stores
-                      for passes in dict.fromkeys((1, arguments.roles_passes))]
+            order += [("roles", (store, tuple(dict.fromkeys((1, arguments.roles_passes))))) for store in stores]
         for repeat in range(arguments.repeats):
             run: dict[str, dict[str, Any]] = {}
             for system, arm in order if repeat % 2 == 0 else order[::-1]:
@@ -214,8 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     record = session.run(arm, warmup_steps=arguments.warmup_steps, steps=steps)
                 elif system == "roles":
                     assert roles_clusters is not None
-                    roles_records.append({**roles_clusters.run(arm[0], arm[1], warmup_steps=arguments.warmup_steps,
-                                                               steps=steps), "repeat": repeat})
+                    variants = arm[1] if repeat % 2 == 0 else arm[1][::-1]
+                    roles_records += [{**record, "repeat": repeat} for record in roles_clusters.run(
+                        arm[0], variants, warmup_steps=arguments.warmup_steps, steps=steps)]
                     continue
                 else:
                     record = clusters.run(arm[0], arm[1], warmup_steps=arguments.warmup_steps, steps=steps)

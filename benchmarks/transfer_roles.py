@@ -140,7 +140,9 @@ def start_roles_cluster(config: WorkloadConfig, reference: ReferenceTopology, *,
 
 @dataclass(frozen=True, kw_only=True)
 class RankTask:
-    """One process: a reference rank (one socket) or an actor DP group (its CP x TP ranks)."""
+    """One process: a reference rank (one socket) or an actor DP group (its CP x TP ranks). It runs the arm's
+    variants one after the other (``steps`` mini-batches each, with ``passes[v]`` passes of the actor), with
+    fresh clients per variant, as a restarted training job would."""
 
     role: str  # REFERENCE or "actor"
     dp_rank: int
@@ -150,7 +152,7 @@ class RankTask:
     namespace: str
     prefetch: int
     steps: int
-    passes: int
+    passes: tuple[int, ...]
     config: dict[str, Any]
 
 
@@ -162,63 +164,75 @@ def _real(micro: Any) -> np.ndarray:
     return np.flatnonzero(positions < np.repeat(lengths, np.diff(cu)))
 
 
-def rank_main(task: RankTask, ready: Any, results: Any) -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    sys.setswitchinterval(2e-4)  # as in transfer_knittrans.group_main
-    config = WorkloadConfig.from_dict(task.config)
+def _attach_reference(client: TrainerClient, micro: Any, record: dict[str, Any]) -> None:
+    """The reference "model" over the micro-batch's whole sequences (CP 1), attached."""
+    cu, lengths, ids = micro["cu_seqlens"].numpy(), micro["seq_lengths"].numpy(), micro["input_ids"].numpy()
+    values = [reference_logprobs(ids[cu[i]:cu[i] + lengths[i]]) for i in range(len(micro.trajectory_ids))]
+    started = time.perf_counter()
+    client.attach(micro, {FIELD: values})
+    record["attach_s"] += time.perf_counter() - started
+    record["attached"] += len(values)
+
+
+def _run_variant(task: RankTask, variant: int, config: WorkloadConfig, results: Any) -> None:
     is_reference = task.role == REFERENCE
+    passes = 1 if is_reference else task.passes[variant]
+    fraction = REFERENCE_FORWARD_FRACTION if is_reference else 1.0
     clients = [TrainerClient(TrainerSettings(
         sidecar=socket, tp_rank=t, global_rank=(task.dp_rank * config.cp + c) * config.tp + t, device="cpu",
         prefetch=task.prefetch, admission=ConnectionSettings(target=task.admission), sidecar_timeout_seconds=30,
         advance_version=not is_reference and (task.dp_rank, c, t) == (0, 0, 0),
         store=task.store_url if is_reference else "", namespace=task.namespace))
         for c, t, socket in task.sockets]
-    ready.wait()
     try:
-        streams = [client.mini_batches(passes=1 if is_reference else task.passes) for client in clients]
+        streams = [client.mini_batches(passes=passes) for client in clients]
         for step in range(task.steps):
-            record: dict[str, Any] = {"role": task.role, "dp": task.dp_rank, "step": step, "asked": time.time(),
-                                      "ready": [], "compute_end": [], "real_tokens": [0] * task.passes,
+            record: dict[str, Any] = {"role": task.role, "dp": task.dp_rank, "variant": variant, "step": step,
+                                      "asked": time.time(), "ready": [], "compute_end": [], "real_tokens": [0] * passes,
                                       "mismatched_tokens": 0, "attach_s": 0.0, "attached": 0}
             minis = [next(stream) for stream in streams]
             record["assigned_at"] = [m.descriptor.assigned_at for m in minis]
-            for number in range(1 if is_reference else task.passes):
+            for number in range(passes):
                 iterators = [iter(mini) for mini in minis]
                 while (micros := [next(iterator, None) for iterator in iterators])[0] is not None:
                     record["ready"].append(time.time())
                     started = time.perf_counter()
                     tokens = int(micros[0]["seq_lengths"].sum()) if micros[0].trajectory_ids else 0
-                    fraction = REFERENCE_FORWARD_FRACTION if is_reference else 1.0
                     for micro, (_, tp_rank, _) in zip(micros, task.sockets, strict=True):
                         if tp_rank == 0 and micro.trajectory_ids:
                             real = _real(micro)
                             record["real_tokens"][number] += len(real)
                             if not is_reference:  # the oracle: the reference's function of what arrived
-                                got = micro[FIELD].numpy()[real]
-                                want = reference_logprobs(micro["input_ids"].numpy()[real])
-                                record["mismatched_tokens"] += int((got.view(np.uint32) != want.view(np.uint32)).sum())
+                                got = micro[FIELD].numpy()[real].view(np.uint32)
+                                want = reference_logprobs(micro["input_ids"].numpy()[real]).view(np.uint32)
+                                record["mismatched_tokens"] += int((got != want).sum())
                     time.sleep(max(0.0, fraction * config.seconds_per_token * tokens - (time.perf_counter() - started)))
                     record["compute_end"].append(time.time())
                     if is_reference and micros[0].trajectory_ids:
-                        micro = micros[0]
-                        cu, lengths = micro["cu_seqlens"].numpy(), micro["seq_lengths"].numpy()
-                        ids = micro["input_ids"].numpy()
-                        values = [reference_logprobs(ids[cu[i]:cu[i] + lengths[i]])
-                                  for i in range(len(micro.trajectory_ids))]
-                        attach_started = time.perf_counter()
-                        clients[0].attach(micro, {FIELD: values})
-                        record["attach_s"] += time.perf_counter() - attach_started
-                        record["attached"] += len(values)
+                        _attach_reference(clients[0], micros[0], record)
             record["attached_at"] = time.time()
             for mini in minis:
                 mini.complete()
             results.put(record)
-    except BaseException as error:
-        results.put({"role": task.role, "dp": task.dp_rank, "error": f"{type(error).__name__}: {error}"})
-        ready.abort()
     finally:
         for client in clients:
             client.close()
+
+
+def rank_main(task: RankTask, ready: Any, results: Any) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    sys.setswitchinterval(2e-4)  # as in transfer_knittrans.group_main
+    config = WorkloadConfig.from_dict(task.config)
+    try:
+        # The clients (fresh per variant) import torch; do it before the barrier, so no step waits for it.
+        import torch  # noqa: F401
+
+        ready.wait()
+        for variant in range(len(task.passes)):
+            _run_variant(task, variant, config, results)
+    except BaseException as error:
+        results.put({"role": task.role, "dp": task.dp_rank, "error": f"{type(error).__name__}: {error}"})
+        ready.abort()
 
 
 # ------------------------------------------------------------------------------------------------ arm
@@ -232,23 +246,67 @@ def _wait_removed(store: Any, keys: list[UnitKey], timeout: float = 60.0) -> int
     return left
 
 
+def _step_figures(records: list[dict[str, Any]], workload: Workload, *, reported: float, passes: int,
+                  where: str) -> dict[str, Any]:
+    """One step's figures from its ranks' records; raises unless each role got every token (each pass) and the
+    actor's ref_logprobs are the reference's function of its tokens."""
+    refs = [r for r in records if r["role"] == REFERENCE]
+    actors = [r for r in records if r["role"] == "actor"]
+    expected = sum(workload.lengths)
+    checks = {"reference_tokens": sum(r["real_tokens"][0] for r in refs),
+              "reference_attached_trajectories": sum(r["attached"] for r in refs),
+              "actor_tokens_per_pass": [sum(r["real_tokens"][p] for r in actors) for p in range(passes)],
+              "actor_ref_logprobs_mismatched_tokens": sum(r["mismatched_tokens"] for r in actors)}
+    if list(checks.values()) != [expected, workload.num_trajectories, [expected] * passes, 0]:
+        raise RuntimeError(f"{where}: delivered {checks}, expected {expected} tokens to each role and pass, "
+                           f"{workload.num_trajectories} attachments and no mismatch")
+
+    def exposed(r: dict[str, Any]) -> float:
+        return one_clock_exposed(start=max(reported, r["asked"]), ready=r["ready"], compute_end=r["compute_end"])
+
+    return {
+        "actor_exposed_one_clock_s": max(exposed(r) for r in actors),
+        "actor_first_microbatch_from_last_report_s": max(r["ready"][0] - max(reported, r["asked"]) for r in actors),
+        "actor_dispatched_s": max(t for r in actors for t in r["assigned_at"]) - reported,
+        "actor_asked_s": max(r["asked"] for r in actors) - reported,
+        "reference_attached_s": max(r["attached_at"] for r in refs) - reported,
+        "reference_exposed_one_clock_s": max(exposed(r) for r in refs),
+        "reference_attach_calls_s": max(r["attach_s"] for r in refs),
+        "step_s": max(r["compute_end"][-1] for r in actors) - reported, **checks}
+
+
+def _role_bytes(cluster: Cluster, workload: Workload, before: dict[Consumer, Any], after: dict[Consumer, Any],
+                steps: int) -> dict[str, Any]:
+    needed = needed_bytes(workload)
+    roles: dict[str, Any] = {}
+    for role, consumer_role in ROLE_CONSUMER.items():
+        mine = [c for c in after if c.role == consumer_role]
+        moved = sum(after[c].bytes_read - before[c].bytes_read for c in mine) // steps
+        roles[role] = {
+            "reads": ("the reported fields (" + ", ".join(s.name for s in workload.config.token_fields) +
+                      ") of every token" if role == REFERENCE else "the reported fields of its CP ranges (label "
+                      f"look-ahead included) and the attached {FIELD} of every token"),
+            "sidecars": len(mine), "bytes_moved_from_storage": moved, "bytes_uniquely_needed": needed[role],
+            "amplification": moved / needed[role],
+            "bytes_needed_by_plans": sum(after[c].bytes_needed - before[c].bytes_needed for c in mine) // steps,
+            "read_calls_per_step": sum(after[c].read_calls - before[c].read_calls for c in mine) / steps}
+    return roles
+
+
 def run_roles_arm(cluster: Cluster, workload: Workload, reference: ReferenceTopology, *, first_step: int,
-                  warmup_steps: int, steps: int, prefetch: int, passes: int, report_ahead: bool = True
-                  ) -> dict[str, Any]:
-    """Warm-up steps, then ``steps`` measured ones (the first cold; with ``report_ahead`` each later one is
-    reported as soon as the one before it, as in :func:`transfer_knittrans.run_arm`)."""
+                  warmup_steps: int, steps: int, prefetch: int, passes: Sequence[int], report_ahead: bool = True
+                  ) -> list[dict[str, Any]]:
+    """One report per variant (``passes[v]`` passes of the actor), each after its own warm-up steps and with
+    ``steps`` measured ones (the first cold; with ``report_ahead`` each later one is reported as soon as the one
+    before it, as in :func:`transfer_knittrans.run_arm`). The rank processes start once for all variants."""
     config = workload.config
     total = warmup_steps + steps
     context = multiprocessing.get_context("spawn")
     ready = context.Barrier(config.dp + reference.dp + 1)
     results = context.Queue()
     store = open_store(cluster.store_url, job=cluster.job)
-    arm = f"knittrans-roles-passes{passes}"
-    ahead = [report_ahead and warmup_steps < step for step in range(total)]
-    written = [write_step(workload, store, cluster.job, first_step + step, first_step + step - ahead[step])
-               for step in range(total)]
     common = {"admission": cluster.address, "store_url": cluster.store_url, "namespace": cluster.job,
-              "prefetch": prefetch, "steps": total, "passes": passes, "config": config.to_dict()}
+              "prefetch": prefetch, "steps": total, "passes": tuple(passes), "config": config.to_dict()}
     tasks = [RankTask(role=REFERENCE, dp_rank=d, sockets=((0, 0, cluster.socket(
         Consumer(role=ROLE_CONSUMER[REFERENCE], dp_rank=d))),), **common) for d in range(reference.dp)]
     tasks += [RankTask(role="actor", dp_rank=d, sockets=tuple(
@@ -258,109 +316,83 @@ def run_roles_arm(cluster: Cluster, workload: Workload, reference: ReferenceTopo
                                  name=f"{task.role}-{task.dp_rank}") for task in tasks]
     for process in processes:
         process.start()
-    expected_tokens = sum(workload.lengths)
-    per_step: list[dict[str, Any]] = []
-    reported: dict[int, float] = {}
-    waiting: dict[int, list[dict[str, Any]]] = {}
-    before: dict[Consumer, Any] = {}
+    reports: list[dict[str, Any]] = []
+    waiting: dict[tuple[int, int], list[dict[str, Any]]] = {}
     try:
         ready.wait(timeout=300)
         with AdmissionClient(cluster.address) as admission:
+            for variant, variant_passes in enumerate(passes):
+                arm = f"knittrans-roles-passes{variant_passes}"
+                base = first_step + variant * total
+                ahead = [report_ahead and warmup_steps < step for step in range(total)]
+                written = [write_step(workload, store, cluster.job, base + step, base + step - ahead[step])[0]
+                           for step in range(total)]
+                reported: dict[int, float] = {}
+                before: dict[Consumer, Any] = {}
+                per_step: list[dict[str, Any]] = []
 
-            def report(step: int) -> None:
-                reported[step] = time.time()
-                admission.report(written[step][0])
+                def report(step: int, written: list = written, reported: dict = reported) -> None:
+                    reported[step] = time.time()
+                    admission.report(written[step])
 
-            for step in range(total):
-                if step == warmup_steps:
-                    before = cluster.statuses()
-                if step not in reported:
-                    report(step)
-                if report_ahead and warmup_steps <= step < total - 1:
-                    report(step + 1)
-                while len(waiting.get(step, [])) < len(tasks):
-                    record = results.get(timeout=600)
-                    if "error" in record:
-                        raise RuntimeError(f"{arm}: {record['role']} rank {record['dp']} failed: {record['error']}")
-                    waiting.setdefault(record["step"], []).append(record)
-                records = waiting.pop(step)
-                refs = [r for r in records if r["role"] == REFERENCE]
-                actors = [r for r in records if r["role"] == "actor"]
-                delivered = [sum(r["real_tokens"][p] for r in actors) for p in range(passes)]
-                checks = {"reference_tokens": sum(r["real_tokens"][0] for r in refs),
-                          "reference_attached_trajectories": sum(r["attached"] for r in refs),
-                          "actor_tokens_per_pass": delivered,
-                          "actor_ref_logprobs_mismatched_tokens": sum(r["mismatched_tokens"] for r in actors)}
-                if (checks["reference_tokens"], checks["reference_attached_trajectories"], delivered,
-                        checks["actor_ref_logprobs_mismatched_tokens"]) != (
-                        expected_tokens, workload.num_trajectories, [expected_tokens] * passes, 0):
-                    raise RuntimeError(f"{arm}: step {step} delivered {checks}, expected {expected_tokens} tokens "
-                                       f"to each role and pass and {workload.num_trajectories} attachments")
-                start = reported[step]
-                figures = {
-                    "kind": "warm-up" if step < warmup_steps else "cold" if step == warmup_steps else "steady",
-                    "actor_exposed_one_clock_s": max(one_clock_exposed(
-                        start=max(start, r["asked"]), ready=r["ready"], compute_end=r["compute_end"]) for r in actors),
-                    "actor_first_microbatch_from_last_report_s": max(
-                        r["ready"][0] - max(start, r["asked"]) for r in actors),
-                    "reference_attached_s": max(r["attached_at"] for r in refs) - start,
-                    "reference_exposed_one_clock_s": max(one_clock_exposed(
-                        start=max(start, r["asked"]), ready=r["ready"], compute_end=r["compute_end"]) for r in refs),
-                    "reference_attach_calls_s": max(r["attach_s"] for r in refs),
-                    "step_s": max(r["compute_end"][-1] for r in actors) - start, **checks}
-                logger.info("[%s] step %d (%s): actor first micro-batch %.4f s after the report (the reference "
-                            "attached at %.4f s), exposed on one clock %.4f s", arm, step, figures["kind"],
-                            figures["actor_first_microbatch_from_last_report_s"], figures["reference_attached_s"],
-                            figures["actor_exposed_one_clock_s"])
-                if step >= warmup_steps:
-                    per_step.append(figures)
-        after = cluster.statuses()
-        keys = [UnitKey(f"{cluster.job}/t/{meta.trajectory_id}/{name}") for metas, _ in written for meta in metas
-                for name in [*(spec.name for spec in config.token_fields), FIELD]]
-        units_left = _wait_removed(store, keys)
-        files_left = None
-        if cluster.store_url.startswith("file://"):
-            units = Path(cluster.store_url.removeprefix("file://")) / "units"
-            files_left = sum(1 for _ in units.iterdir()) if units.exists() else 0
+                for step in range(total):
+                    if step == warmup_steps:
+                        before = cluster.statuses()  # the warm-up's reads are over: its records are in
+                    if step not in reported:
+                        report(step)
+                    if report_ahead and warmup_steps <= step < total - 1:
+                        report(step + 1)  # lands while this step trains
+                    while len(waiting.get((variant, step), [])) < len(tasks):
+                        record = results.get(timeout=600)
+                        if "error" in record:
+                            raise RuntimeError(f"{arm}: {record['role']} rank {record['dp']} failed: "
+                                               f"{record['error']}")
+                        waiting.setdefault((record["variant"], record["step"]), []).append(record)
+                    figures = _step_figures(waiting.pop((variant, step)), workload, reported=reported[step],
+                                            passes=variant_passes, where=f"{arm} step {step}")
+                    figures["kind"] = "warm-up" if step < warmup_steps else "cold" if step == warmup_steps \
+                        else "steady"
+                    logger.info("[%s] step %d (%s): actor first micro-batch %.4f s after the report (the reference "
+                                "attached at %.4f s, the actor dispatched at %.4f s), exposed on one clock %.4f s",
+                                arm, step, figures["kind"], figures["actor_first_microbatch_from_last_report_s"],
+                                figures["reference_attached_s"], figures["actor_dispatched_s"],
+                                figures["actor_exposed_one_clock_s"])
+                    if step >= warmup_steps:
+                        per_step.append(figures)
+                roles = _role_bytes(cluster, workload, before, cluster.statuses(), steps)
+                keys = [UnitKey(f"{cluster.job}/t/{meta.trajectory_id}/{name}") for metas in written
+                        for meta in metas for name in [*(spec.name for spec in config.token_fields), FIELD]]
+                units_left = _wait_removed(store, keys)
+                files_left = None
+                if cluster.store_url.startswith("file://"):
+                    units = Path(cluster.store_url.removeprefix("file://")) / "units"
+                    files_left = sum(1 for _ in units.iterdir()) if units.exists() else 0
+                roles[REFERENCE].update({"dp": reference.dp, "cp": 1, "tp": 1,
+                                         "max_tokens_per_microbatch": reference.max_tokens_per_microbatch,
+                                         "attached_bytes_written_per_step": 4 * sum(workload.lengths)})
+                roles["actor"].update({"dp": config.dp, "cp": config.cp, "tp": config.tp, "passes": variant_passes,
+                                       "max_tokens_per_microbatch": config.max_tokens_per_micro_batch})
+                steady = [s["actor_exposed_one_clock_s"] for s in per_step[1:]]
+                reports.append({
+                    "arm": arm, "passes": variant_passes, "report_ahead": report_ahead, "roles": roles,
+                    "clock": "from the step's last report (or the actor's loop asking, if later) to every actor "
+                             "rank holding its first micro-batch, plus every later second outside compute: it "
+                             "includes the reference's reads, simulated forward and attach (reference_attached_s) "
+                             "and the actor's gating on them (actor_dispatched_s)",
+                    "actor_first_microbatch_from_last_report_s_cold":
+                        per_step[0]["actor_first_microbatch_from_last_report_s"],
+                    "actor_exposed_one_clock_cold_s": per_step[0]["actor_exposed_one_clock_s"],
+                    "actor_exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,
+                    "reference_attached_s_cold": per_step[0]["reference_attached_s"],
+                    "units_left_in_store_after_release": units_left, "unit_files_left": files_left,
+                    "steps": per_step})
     finally:
         store.close()
         for process in processes:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
-    needed = needed_bytes(workload)
-    roles: dict[str, Any] = {}
-    for role, consumer_role in ROLE_CONSUMER.items():
-        mine = [c for c in after if c.role == consumer_role]
-        moved = sum(after[c].bytes_read - before[c].bytes_read for c in mine) // steps
-        roles[role] = {
-            "reads": ("the reported fields (" + ", ".join(s.name for s in config.token_fields) + ") of every token"
-                      if role == REFERENCE else "the reported fields of its CP ranges (label look-ahead included) "
-                      f"and the attached {FIELD}"),
-            "sidecars": len(mine),
-            "bytes_moved_from_storage": moved,
-            "bytes_uniquely_needed": needed[role],
-            "amplification": moved / needed[role],
-            "bytes_needed_by_plans": sum(after[c].bytes_needed - before[c].bytes_needed for c in mine) // steps,
-            "read_calls_per_step": sum(after[c].read_calls - before[c].read_calls for c in mine) / steps}
-    roles[REFERENCE].update({"dp": reference.dp, "cp": 1, "tp": 1,
-                             "max_tokens_per_microbatch": reference.max_tokens_per_microbatch,
-                             "attached_bytes_written_per_step": 4 * sum(workload.lengths)})
-    roles["actor"].update({"dp": config.dp, "cp": config.cp, "tp": config.tp,
-                           "max_tokens_per_microbatch": config.max_tokens_per_micro_batch, "passes": passes})
-    steady = [s["actor_exposed_one_clock_s"] for s in per_step[1:]]
-    return {
-        "arm": arm, "passes": passes, "report_ahead": report_ahead, "roles": roles,
-        "clock": "from the step's last report (or the actor's loop asking, if later) to every actor rank holding "
-                 "its first micro-batch, plus every later second outside compute: it includes the reference's "
-                 "reads, simulated forward and attach (reference_attached_s) and the actor's gating on them",
-        "actor_first_microbatch_from_last_report_s_cold": per_step[0]["actor_first_microbatch_from_last_report_s"],
-        "actor_exposed_one_clock_cold_s": per_step[0]["actor_exposed_one_clock_s"],
-        "actor_exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,
-        "reference_attached_s_cold": per_step[0]["reference_attached_s"],
-        "units_left_in_store_after_release": units_left, "unit_files_left": files_left,
-        "steps": per_step,
-    }
+    return reports
 
 
 class RolesClusters:
@@ -388,13 +420,15 @@ class RolesClusters:
             self.close()
             raise
 
-    def run(self, store: str, passes: int, *, warmup_steps: int, steps: int) -> dict[str, Any]:
-        report = run_roles_arm(self._clusters[store], self._workload, self._reference,
-                               first_step=self._next_step[store], warmup_steps=warmup_steps, steps=steps,
-                               prefetch=self._prefetch, passes=passes)
-        self._next_step[store] += warmup_steps + steps
-        report.update({"arm": f"{report['arm']}-{store}", "store": store, "medium": STORE_MEDIA[store]})
-        return report
+    def run(self, store: str, passes: Sequence[int], *, warmup_steps: int, steps: int) -> list[dict[str, Any]]:
+        """The arm on one store, one report per variant of ``passes``."""
+        reports = run_roles_arm(self._clusters[store], self._workload, self._reference,
+                                first_step=self._next_step[store], warmup_steps=warmup_steps, steps=steps,
+                                prefetch=self._prefetch, passes=passes)
+        self._next_step[store] += (warmup_steps + steps) * len(passes)
+        for report in reports:
+            report.update({"arm": f"{report['arm']}-{store}", "store": store, "medium": STORE_MEDIA[store]})
+        return reports
 
     def close(self) -> dict[str, Any]:
         for store, cluster in self._clusters.items():
