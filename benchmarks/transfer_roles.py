@@ -14,7 +14,9 @@ step's compute), attach the values (``TrainerClient.attach``: a unit per traject
 reported with ``AttachFields``) and complete; the service then dispatches the actor, whose sidecars read the
 reported fields and the attached ``ref_logprobs``. Every actor rank checks ``ref_logprobs == reference_logprobs(
 input_ids)`` at every real token it received. With ``passes`` > 1 the actor iterates each mini-batch that many
-times (``mini_batches(passes=...)``, PPO's epochs), which must move no more bytes.
+times (``mini_batches(passes=...)``, PPO's epochs), which must move no more bytes: the arm runs its variants
+(one pass, then ``passes``; reversed every other run) one after the other with the same rank processes, fresh
+clients per variant, each with its own warm-up and measured steps and its own report.
 
 Per role: bytes moved from storage (the role's sidecars' status counters over the measured steps, per step)
 against the bytes that role uniquely needs (the reference: the reported fields of every token, CP 1; the actor:
@@ -238,12 +240,22 @@ def rank_main(task: RankTask, ready: Any, results: Any) -> None:
 # ------------------------------------------------------------------------------------------------ arm
 
 
-def _wait_removed(store: Any, keys: list[UnitKey], timeout: float = 60.0) -> int:
-    """Units of ``keys`` still stored once their release had time to land (a hang guard: it must come)."""
-    deadline = time.monotonic() + timeout
-    while (left := sum(store.exists(keys))) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
+def _units_left(store: Any, keys: list[UnitKey], *, lease_seconds: float, timeout: float = 60.0) -> int:
+    """Units of ``keys`` still stored once their release had time to land (a hang guard: it must come).
+
+    Mooncake leases every unit it is asked about (``batch_is_exist`` too) for ``lease_seconds`` and removes a
+    released unit only once no lease holds it: asking more often than once a lease would keep the units alive,
+    so with leases it asks once a lease (after the actor's last reads' leases ended)."""
+    interval = lease_seconds + 1.0 if lease_seconds else 0.05
+    deadline = time.monotonic() + max(timeout, 3 * interval)
+    while True:
+        if lease_seconds:
+            time.sleep(interval)
+        left = sum(store.exists(keys))
+        if not left or time.monotonic() > deadline:
+            return left
+        if not lease_seconds:
+            time.sleep(interval)
 
 
 def _step_figures(records: list[dict[str, Any]], workload: Workload, *, reported: float, passes: int,
@@ -362,7 +374,8 @@ def run_roles_arm(cluster: Cluster, workload: Workload, reference: ReferenceTopo
                 roles = _role_bytes(cluster, workload, before, cluster.statuses(), steps)
                 keys = [UnitKey(f"{cluster.job}/t/{meta.trajectory_id}/{name}") for metas in written
                         for meta in metas for name in [*(spec.name for spec in config.token_fields), FIELD]]
-                units_left = _wait_removed(store, keys)
+                units_left = _units_left(store, keys, lease_seconds=0.0 if cluster.mooncake is None
+                                         else cluster.mooncake.config.lease_ttl_ms / 1000)
                 files_left = None
                 if cluster.store_url.startswith("file://"):
                     units = Path(cluster.store_url.removeprefix("file://")) / "units"
