@@ -24,6 +24,12 @@ overhead apart) stays beside it as ``exposed_from_last_assignment_s``. JSON on s
     python benchmarks/transfer.py --smoke                      # small and fast
     python benchmarks/transfer.py --repeats 3                  # the issue's full-size step, three runs
     python benchmarks/transfer.py --skip-transferqueue         # KnitTrans arms only
+
+The multi-role arm (``--roles-arm``, on by default with ``--smoke``; :mod:`transfer_roles`): a ``reference`` role
+attaches ``ref_logprobs`` that the actor consumes, once with one pass over each mini-batch and once with
+``--roles-passes`` more; per role, the bytes moved against the bytes it uniquely needs, and the actor's exposed
+transfer counted from the last report (the reference pass and the attach included). Its figures are under
+``roles`` in the JSON, interleaved with the other arms in every run.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 
 from transfer_accounting import describe
 from transfer_knittrans import KnitTransClusters
+from transfer_roles import ReferenceTopology, RolesClusters, summarise_roles
 from transfer_tq import DEFAULT_VENV, TransferQueueSession
 from transfer_workload import add_workload_arguments, build_workload, config_from_arguments
 
@@ -153,6 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoder-microbatch-images", type=int, default=16,
                         help="encoder micro-batch budget, in images (default 16)")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="the TransferQueue venv")
+    parser.add_argument("--roles-arm", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the multi-role arm (reference + actor); default: with --smoke only")
+    parser.add_argument("--roles-reference-dp", type=int, default=None,
+                        help="the reference role's DP (default: half the actor's, at least 1)")
+    parser.add_argument("--roles-reference-tokens", type=int, default=None,
+                        help="the reference's micro-batch budget in tokens (default: twice the actor's)")
+    parser.add_argument("--roles-passes", type=int, default=2,
+                        help="passes of the multi-role arm's second variant (default 2; 1: no second variant)")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     arguments = parser.parse_args(argv)
     config = config_from_arguments(arguments)
@@ -162,12 +177,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [s for s in stores if s not in ("file", "mooncake")] + [a for a in tq_arms if a not in TQ_ARM_NAMES]
     if unknown or arguments.repeats < 1 or steps < 1 or arguments.warmup_steps < 0:
         parser.error(f"unknown stores or arms {unknown}, or --repeats/--steps < 1 or --warmup-steps < 0")
+    roles_arm = arguments.smoke if arguments.roles_arm is None else arguments.roles_arm
+    reference = ReferenceTopology(
+        dp=arguments.roles_reference_dp or max(1, config.dp // 2),
+        max_tokens_per_microbatch=arguments.roles_reference_tokens or 2 * config.max_tokens_per_micro_batch)
+    if roles_arm and (reference.dp < 1 or arguments.roles_passes < 1
+                      or reference.max_tokens_per_microbatch < config.max_tokens):
+        parser.error("--roles-reference-dp and --roles-passes must be >= 1, and --roles-reference-tokens at least "
+                     "the longest trajectory (the reference holds whole sequences)")
 
     document: dict[str, Any] = {"benchmark": "transfer: one RL step, TransferQueue vs KnitTrans, on one clock",
                                 "workload": describe(build_workload(config)), "repeats": arguments.repeats,
                                 "warmup_steps": arguments.warmup_steps, "measured_steps": steps}
     session = TransferQueueSession(config, venv_dir=arguments.venv) if tq_arms else None
     clusters = None
+    roles_clusters = None
+    roles_records: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     try:
@@ -175,6 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      encoder_microbatch_images=arguments.encoder_microbatch_images)
         order: list[tuple[str, Any]] = [("tq", arm) for arm in tq_arms] + [
             ("knittrans", (store, mode)) for store in stores for mode in (DeliveryMode.ITER, DeliveryMode.EAGER)]
+        if roles_arm:
+            roles_clusters = RolesClusters(config, reference, stores=stores, slots=arguments.slots,
+                                           prefetch=arguments.prefetch)
+            order += [("roles", (store, tuple(dict.fromkeys((1, arguments.roles_passes))))) for store in stores]
         for repeat in range(arguments.repeats):
             run: dict[str, dict[str, Any]] = {}
             for system, arm in order if repeat % 2 == 0 else order[::-1]:
@@ -182,6 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if system == "tq":
                     assert session is not None
                     record = session.run(arm, warmup_steps=arguments.warmup_steps, steps=steps)
+                elif system == "roles":
+                    assert roles_clusters is not None
+                    variants = arm[1] if repeat % 2 == 0 else arm[1][::-1]
+                    roles_records += [{**record, "repeat": repeat} for record in roles_clusters.run(
+                        arm[0], variants, warmup_steps=arguments.warmup_steps, steps=steps)]
+                    continue
                 else:
                     record = clusters.run(arm[0], arm[1], warmup_steps=arguments.warmup_steps, steps=steps)
                 records.append({**record, "repeat": repeat})
@@ -191,12 +226,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if clusters is not None:
             document["knittrans"] = clusters.close()
+        if roles_clusters is not None:
+            document["roles"] = {"cluster": roles_clusters.close()}
         if session is not None:
             document["transferqueue"] = session.description
             session.close()
     document["summary"] = summarise(runs, stores)
     document["runs"] = runs
     document["arms"] = records
+    if roles_records:
+        document["roles"].update({"summary": summarise_roles(roles_records), "arms": roles_records})
     text = json.dumps(document, indent=2)
     if arguments.output:
         arguments.output.parent.mkdir(parents=True, exist_ok=True)
