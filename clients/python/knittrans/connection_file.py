@@ -11,7 +11,8 @@ JSON, typed and versioned::
 
 Each sidecar lists the global trainer ranks that read it, the i-th being its TP rank i. ``knittrans up`` numbers
 ranks as Megatron does (TP fastest, then CP, then DP): the backbone sidecar (d, c) serves global ranks
-``(d·cp + c)·tp + t``, and encoder DP rank d is read by global ranks ``d·tp_encoder + t``.
+``(d·cp + c)·tp + t``, and encoder DP rank d is read by global ranks ``d·tp_encoder + t``; a trainer role's
+sidecars (docs/roles.md) are numbered the same way within that role's own ranks.
 
 A file of another kind, of a newer version, or with an unknown key is refused with a :class:`ConfigError` naming
 the key; the path comes from :func:`knittrans.config.connection_file_path`.
@@ -29,7 +30,7 @@ from typing import Any
 from knittrans.config import build
 from knittrans.errors import ConfigError, InvalidArgument, NotFound
 from knittrans.job import check_job
-from knittrans.types import BACKBONE_ROLE, ConsumerId
+from knittrans.types import BACKBONE_ROLE, ENCODER_ROLE_PREFIX, ConsumerId
 
 CONNECTION_FILE_KIND = "knittrans.connection"
 CONNECTION_FILE_VERSION = 1
@@ -85,8 +86,10 @@ class StackConnection:
             raise InvalidArgument("must be at least 1", field="world_size")
         seen: set[tuple[str, int]] = set()
         for index, sidecar in enumerate(self.sidecars):
+            # The backbone's ranks and its encoders' are the trainer's; a trainer role numbers its own from 0.
+            bounded = sidecar.role == BACKBONE_ROLE or sidecar.role.startswith(ENCODER_ROLE_PREFIX)
             for rank in sidecar.global_ranks:
-                if rank >= self.world_size or (sidecar.role, rank) in seen:
+                if (bounded and rank >= self.world_size) or (sidecar.role, rank) in seen:
                     raise InvalidArgument(f"rank {rank} is outside world_size or read twice in role {sidecar.role}",
                                           field=f"sidecars[{index}].global_ranks")
                 seen.add((sidecar.role, rank))

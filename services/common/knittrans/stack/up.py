@@ -36,7 +36,7 @@ from knittrans.launch.mooncake import SHORT_LEASE_TTL_MS
 from knittrans.stack.local import LocalStack
 from knittrans.stack.progress import Progress
 from knittrans.stack.settings import StackSettings
-from knittrans.types import ENCODER_ROLE_PREFIX, ConsumerId, Topology
+from knittrans.types import BACKBONE_ROLE, ENCODER_ROLE_PREFIX, ConsumerId, Topology
 
 logger = logging.getLogger(__name__)
 
@@ -67,19 +67,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def consumer_ranks(topology: Topology, consumers: tuple[ConsumerId, ...]) -> dict[ConsumerId, tuple[int, ...]]:
-    """The global trainer ranks reading each consumer, in TP order: Megatron's numbering (TP fastest, then CP,
-    then DP) for the backbone; encoder dp rank d is read by ranks d·tp .. d·tp + tp - 1."""
+    """The ranks reading each consumer, in TP order: Megatron's numbering (TP fastest, then CP, then DP), so the
+    backbone sidecar (d, c) is read by global ranks (d·cp + c)·tp + t and encoder dp rank d by d·tp + t. A trainer
+    role's sidecars (docs/roles.md) are numbered the same way within the role's own ranks."""
     ranks = {}
     for consumer in consumers:
-        if consumer.role.startswith(ENCODER_ROLE_PREFIX):
-            tp = topology.encoder(consumer.role[len(ENCODER_ROLE_PREFIX):]).tp
-            first = consumer.dp_rank * tp
-        else:
-            backbone = topology.backbone
-            tp = backbone.tp
-            first = (consumer.dp_rank * backbone.cp + consumer.cp_rank) * tp
+        cp, tp = _cp_tp(topology, consumer.role)
+        first = (consumer.dp_rank * cp + consumer.cp_rank) * tp
         ranks[consumer] = tuple(range(first, first + tp))
     return ranks
+
+
+def _cp_tp(topology: Topology, role: str) -> tuple[int, int]:
+    if role == BACKBONE_ROLE:
+        return topology.backbone.cp, topology.backbone.tp
+    if role.startswith(ENCODER_ROLE_PREFIX):
+        return 1, topology.encoder(role[len(ENCODER_ROLE_PREFIX):]).tp
+    for trainer_role in getattr(topology, "roles", ()):  # trainer roles, where the topology declares them
+        if trainer_role.consumer_role == role:
+            return trainer_role.backbone.cp, trainer_role.backbone.tp
+    raise ConfigError(f"no consumer role {role!r} in the topology", field="admission.topology")
 
 
 def serve(settings: StackSettings, *, stdout: TextIO, stderr: TextIO) -> int:
