@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import ROOT, bash_blocks, commands
+from tests.doc_blocks import ROOT, bash_blocks, commands, run_bash_blocks
 from tests.integration.examples.test_docs import environment, repository_copy
 from tests.live_processes import running_with
 
@@ -39,17 +37,8 @@ def test_the_page_starts_the_stack_uses_it_and_stops_it() -> None:
 
 def test_the_page_runs_verbatim_and_leaves_nothing_behind(tmp_path: Path, job_paths: None) -> None:
     work = repository_copy(tmp_path)
-    script = "set -e\n" + "\n".join(bash_blocks(PAGE))
-    shell = subprocess.Popen(["bash", "-c", script], cwd=work, env=environment(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = shell.communicate(timeout=300)
-    finally:
-        try:
-            os.killpg(shell.pid, signal.SIGKILL)  # whatever a failed block left running
-        except ProcessLookupError:
-            pass
-    assert shell.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    returncode, stdout, stderr = run_bash_blocks(PAGE, cwd=work, env=environment(), timeout=300)
+    assert returncode == 0, stdout[-3000:] + stderr[-5000:]
     assert f"knittrans up: job {JOB} is ready" in stdout
     assert "rank 0" in stdout and "rank 1" in stdout  # each rank's sidecar socket, printed
     assert stdout.count("submitted example-") == 8
