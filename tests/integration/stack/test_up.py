@@ -8,6 +8,7 @@ memory segments, the connection file, the temporary directory).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,9 +101,10 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningSt
             process.wait(timeout=STOP_SECONDS)
         for pid in pids_with(job):  # what a failed test left: this job's servers, never another test's
             os.kill(pid, signal.SIGKILL)
-        for name in os.listdir("/tmp"):
-            if name.startswith(f"knittrans-up-{job}-"):
-                subprocess.run(["rm", "-rf", f"/tmp/{name}"], check=False)
+        # What a SIGKILLed `knittrans up` leaves (its servers clean up after themselves): this job's only.
+        for path in [Path(f"/tmp/knittrans-{job}"), Path(f"/dev/shm/knittrans-{job}"),
+                     *Path("/tmp").glob(f"knittrans-up-{job}-*")]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def submit_trajectories(count: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -194,6 +196,23 @@ def test_killing_up_itself_stops_its_servers(stack: RunningStack) -> None:
         time.sleep(0.2)
     assert stack.children() == []
     assert not Path(f"/tmp/knittrans-{stack.job}", "reorg-backbone-dp0-cp0.sock").exists()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"knittrans-{stack.job}@")]
+    logs = [p for p in stack.leftovers() if p.startswith(f"/tmp/knittrans-up-{stack.job}-")]  # its temporary dir
+    # A new stack of the job, on the same file, takes over what the killed one left, and cleans up after itself.
+    second = start_up(stack.connection_file.parent.parent, stack_config(stack.job),
+                      "--connection-file", str(stack.connection_file))
+    try:
+        fresh = read_connection_file(stack.connection_file, wait_seconds=120)
+        deadline = time.monotonic() + 120
+        while fresh.pid != second.pid and time.monotonic() < deadline:
+            time.sleep(0.2)
+            fresh = read_connection_file(stack.connection_file)
+        assert fresh.pid == second.pid
+    finally:
+        second.send_signal(signal.SIGINT)
+        assert second.wait(timeout=STOP_SECONDS) == 0
+    assert stack.children() == []
+    assert stack.leftovers() == logs  # the killed stack's logs, for a look at what happened
 
 
 @pytest.mark.parametrize("clash", ["job", "connection file"])

@@ -9,7 +9,9 @@ addresses and writes them to the connection file (:mod:`knittrans.connection_fil
 It runs until SIGINT or SIGTERM, then stops every process, removes the connection file, the job's store, sockets
 and shared memory, and its temporary directory, and exits 0. A server that dies meanwhile stops the stack the
 same way; the command then exits non-zero, naming the server with the last lines of its log. Its servers get
-SIGTERM if ``knittrans up`` itself is killed (their own clean-up then runs; its temporary directory stays).
+SIGTERM if ``knittrans up`` itself is killed (their own clean-up then runs; what ``knittrans up`` removes itself
+stays: the connection file, its leases and the file store, which the next stack of the job takes over, and its
+temporary directory with the logs).
 """
 
 from __future__ import annotations
