@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,6 +17,30 @@ _FENCE = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
 def bash_blocks(path: Path) -> list[str]:
     """The text of every ```bash block of a markdown file, in order."""
     return [match.group(1) for match in _FENCE.finditer(path.read_text())]
+
+
+def run_bash_blocks(page: Path, *, cwd: Path, env: Mapping[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run every ```bash block of ``page`` in order, in one ``set -e`` bash session, as a reader would; whatever a
+    failed block left running is killed. Returns the exit status, stdout and stderr."""
+    script = "set -e\n" + "\n".join(bash_blocks(page))
+    shell = subprocess.Popen(["bash", "-c", script], cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = shell.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(shell.pid)
+        stdout, stderr = shell.communicate()  # what it printed before it hung, for the failure message
+        stderr += f"\n[the blocks did not finish in {timeout:g}s]"
+    finally:
+        _kill_group(shell.pid)
+    return shell.returncode, stdout, stderr
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def commands(block: str) -> list[str]:

@@ -12,7 +12,6 @@ import fcntl
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import ROOT, bash_blocks, commands, readme_commands
+from tests.doc_blocks import ROOT, bash_blocks, commands, readme_commands, run_bash_blocks
 
 INTEGRATION = ROOT / "docs" / "integration.md"
 ASYNC = ROOT / "docs" / "async.md"
@@ -66,17 +65,8 @@ def test_the_quick_start_has_runnable_blocks() -> None:
 
 def test_the_quick_start_runs_verbatim_and_releases_the_data(tmp_path: Path, quickstart_paths: None) -> None:
     work = repository_copy(tmp_path)
-    script = "set -e\n" + "\n".join(bash_blocks(INTEGRATION))
-    shell = subprocess.Popen(["bash", "-c", script], cwd=work, env=environment(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = shell.communicate(timeout=240)
-    finally:
-        try:
-            os.killpg(shell.pid, signal.SIGKILL)  # whatever a failed block left running
-        except ProcessLookupError:
-            pass
-    assert shell.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    returncode, stdout, stderr = run_bash_blocks(INTEGRATION, cwd=work, env=environment(), timeout=240)
+    assert returncode == 0, stdout[-3000:] + stderr[-5000:]
     assert stdout.count("submitted example-") == 8
     assert "admitted 8" in stdout  # both mini-batches of the train batch were admitted
     assert "step 0: train batch 0 mini-batch 0" in stdout and "step 1: train batch 0 mini-batch 1" in stdout
@@ -92,17 +82,8 @@ def test_the_async_sdk_page_runs_verbatim_and_releases_the_data(tmp_path: Path, 
     """docs/async.md's blocks: the async rollout example submits through AsyncRolloutClient and the async trainer
     loop trains on it with `async for`, through the real services."""
     work = repository_copy(tmp_path)
-    script = "set -e\n" + "\n".join(bash_blocks(ASYNC))
-    shell = subprocess.Popen(["bash", "-c", script], cwd=work, env=environment(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = shell.communicate(timeout=240)
-    finally:
-        try:
-            os.killpg(shell.pid, signal.SIGKILL)  # whatever a failed block left running
-        except ProcessLookupError:
-            pass
-    assert shell.returncode == 0, stdout[-3000:] + stderr[-5000:]
+    returncode, stdout, stderr = run_bash_blocks(ASYNC, cwd=work, env=environment(), timeout=240)
+    assert returncode == 0, stdout[-3000:] + stderr[-5000:]
     assert stdout.count("submitted async-example-") == 8
     assert "admitted 8" in stdout
     assert "step 0: train batch 0 mini-batch 0" in stdout and "step 1: train batch 0 mini-batch 1" in stdout
