@@ -1,13 +1,13 @@
 """TRL's GRPOTrainer trained through KnitTrans, on one machine (docs/integrations/trl.md).
 
-    python examples/integrations/trl/grpo.py --write-config trl-admission.yaml
-    knittrans admission serve --config trl-admission.yaml &
-    knittrans reorg serve --admission unix:trl-admission.sock --store file:///dev/shm/knittrans-trl &
-    python examples/integrations/trl/grpo.py --admission unix:trl-admission.sock \
-        --store file:///dev/shm/knittrans-trl --sidecar unix:/tmp/knittrans-trl/reorg-backbone-dp0-cp0.sock
+    python examples/integrations/trl/grpo.py --write-config trl-stack.yaml
+    knittrans up --config trl-stack.yaml &
+    python examples/integrations/trl/grpo.py
 
-The first command writes the admission service's config for this job: its train batch is one TRL generation
-batch, its quotas and staleness bound are the KnitTransGRPOSettings below. The last one generates, submits every
+The first command writes the stack config of this job for ``knittrans up``: its train batch is one TRL
+generation batch, its quotas and staleness bound are the KnitTransGRPOSettings below, its schema is what TRL
+computes. The second starts the admission service, the store and the trainer rank's sidecar, and writes their
+addresses to knittrans-connection.json, where the clients below find them. The last one generates, submits every
 generation batch through the store and the admission service, and trains each optimizer step on the packed
 mini-batch the sidecar delivers. The model is a random two-layer Qwen2 with a word-level tokenizer, both built
 here, so nothing is downloaded; pass --model to train a checkpoint of your own instead.
@@ -28,7 +28,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from trl import GRPOConfig
 
 from knittrans.client.admission import AdmissionClient
-from knittrans.client.connection import ConnectionSettings
 from knittrans.integrations.trl import (
     KnitTransClients,
     KnitTransGRPOSettings,
@@ -38,8 +37,7 @@ from knittrans.integrations.trl import (
     trajectory_schema,
 )
 from knittrans.rollout import RolloutClient
-from knittrans.store.factory import open_store
-from knittrans.trainer import TrainerClient, TrainerSettings
+from knittrans.trainer import TrainerClient
 
 WORDS = ["<pad>", "<eos>", "<unk>", *(f"w{i}" for i in range(29))]
 # The job's quotas and staleness bound: at least a quarter of every train batch from each source.
@@ -74,25 +72,20 @@ def reward(completions: list[str], **_: object) -> list[float]:
 
 
 def write_config(path: str, args: GRPOConfig) -> None:
-    """The admission service's config for this job (the quick start's layout: a Unix socket, a /dev/shm store)."""
+    """The `knittrans up` config of this job: one trainer rank, a file store, the admission service's sections."""
     shape = TrainBatchShape.of(per_device_train_batch_size=args.per_device_train_batch_size,
                                gradient_accumulation_steps=args.gradient_accumulation_steps,
                                steps_per_generation=args.steps_per_generation, num_generations=args.num_generations,
                                world_size=1)
-    config = {"job": "trl", "state": "memory", "store": "file:///dev/shm/knittrans-trl",
-              "server": {"unix_socket": "trl-admission.sock", "metrics": {"port": 0}},
-              "engine": engine_config(SETTINGS, shape), "schema": trajectory_schema(old_logprobs=False),
-              "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 64}}}
+    admission = {"engine": engine_config(SETTINGS, shape), "schema": trajectory_schema(old_logprobs=False),
+                 "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 64}}}
     with open(path, "w") as handle:
-        yaml.safe_dump(config, handle, sort_keys=False)
+        yaml.safe_dump({"job": "trl", "admission": admission}, handle, sort_keys=False)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write-config", default="", help="write the admission service's config here and exit")
-    parser.add_argument("--admission", help="the admission service: host:port or unix:PATH")
-    parser.add_argument("--store", help="the unit store URL the sidecar reads")
-    parser.add_argument("--sidecar", help="this rank's reorg sidecar: unix:PATH")
+    parser.add_argument("--write-config", default="", help="write the `knittrans up` config of this job here and exit")
     parser.add_argument("--model", default="", help="a causal LM to train (default: a tiny random Qwen2)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--output-dir", default="trl-knittrans-out")
@@ -102,17 +95,15 @@ def main() -> None:
         write_config(args.write_config, config)
         print(f"wrote {args.write_config}")
         return
-    if not (args.admission and args.store and args.sidecar):
-        parser.error("--admission, --store and --sidecar are required to train")
     if args.model:
         model, tokenizer = AutoModelForCausalLM.from_pretrained(args.model), AutoTokenizer.from_pretrained(args.model)
     else:
         model, tokenizer = tiny_model_and_tokenizer()
 
-    # The KnitTrans part: three clients (until `knittrans up`: RolloutClient.from_env(), TrainerClient.from_env(0)).
-    admission = AdmissionClient(ConnectionSettings(target=args.admission))
-    rollout = RolloutClient(open_store(args.store), namespace=SETTINGS.namespace, reporter=admission)
-    trainer_client = TrainerClient(TrainerSettings(sidecar=args.sidecar, admission=admission.connection))
+    # The KnitTrans part: the clients of the stack `knittrans up` started (its connection file has the addresses).
+    admission = AdmissionClient.from_env()
+    rollout = RolloutClient.from_env(namespace=SETTINGS.namespace)
+    trainer_client = TrainerClient.from_env(0)
     clients = KnitTransClients(admission=admission, rollout=rollout, trainer=trainer_client)
     trainer = KnitTransGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset(),
                                    processing_class=tokenizer, knittrans=clients, knittrans_settings=SETTINGS)
@@ -127,7 +118,7 @@ def main() -> None:
           f"admitted {status.admitted_total}, last step {trainer.last_step}")
     trainer_client.close()
     admission.close()
-    rollout.store.close()
+    rollout.close()
 
 
 if __name__ == "__main__":

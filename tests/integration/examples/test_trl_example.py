@@ -1,56 +1,58 @@
-"""examples/integrations/trl/grpo.py runs as docs/integrations/trl.md runs it: its own admission config (moved to
-a free port and a store of its own), the service, one sidecar, and the script training four steps through
-KnitTrans, saving a checkpoint that it reports."""
+"""docs/integrations/trl.md runs verbatim: its ```bash block, in one bash session, in a directory that holds a copy
+of `examples/`, as a reader at the repository root runs it. The example writes its stack config, `knittrans up`
+starts the job's services, and the script, which names no address, trains four steps through KnitTrans and saves
+a checkpoint that it reports. The oracle is what the page promises: four optimizer steps, four policy versions,
+the whole of every train batch admitted, a checkpoint that says which KnitTrans step it holds, and once the stack
+is stopped nothing of the job left behind."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
-import subprocess
-import sys
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from knittrans.demo.stack.processes import ProcessGroup
+from tests.doc_blocks import ROOT, bash_blocks, commands, run_bash_blocks
+from tests.integration.examples.test_docs import environment, repository_copy
+from tests.live_processes import running_with
 
 pytest.importorskip("trl")
 
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLE = ROOT / "examples" / "integrations" / "trl" / "grpo.py"
+PAGE = ROOT / "docs" / "integrations" / "trl.md"
+JOB = "trl"  # written by the example's --write-config
 
 
-def test_the_trl_example_trains_through_knittrans(tmp_path: Path) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    written = subprocess.run([sys.executable, str(EXAMPLE), "--write-config", str(tmp_path / "trl.yaml")],
-                             capture_output=True, text=True, timeout=120, env=env)
-    assert written.returncode == 0, written.stderr
-    config = yaml.safe_load((tmp_path / "trl.yaml").read_text())
-    config["job"] = f"trl{uuid.uuid4().hex[:6]}"
-    store = f"file://{tmp_path / 'units'}"
-    config["store"] = store
-    config["server"] = {"host": "127.0.0.1", "port": 0, "metrics": {"port": -1}}
-    (tmp_path / "trl.yaml").write_text(yaml.safe_dump(config))
-    group = ProcessGroup(tmp_path / "logs")
-    try:
-        admission = group.start("admission", [sys.executable, "-m", "knittrans.cli", "admission", "serve",
-                                              "--config", str(tmp_path / "trl.yaml"),
-                                              "--ready-file", str(tmp_path / "a.json")])
-        address = group.wait_ready(admission, tmp_path / "a.json")["address"]
-        sidecar = group.start("sidecar", [sys.executable, "-m", "knittrans.cli", "reorg", "serve", "--store", store,
-                                          "--admission", address, "--metrics-port", "-1",
-                                          "--ready-file", str(tmp_path / "s.json")])
-        socket = group.wait_ready(sidecar, tmp_path / "s.json")["address"]
-        run = subprocess.run([sys.executable, str(EXAMPLE), "--admission", address, "--store", store, "--sidecar",
-                              socket, "--output-dir", str(tmp_path / "out")],
-                             capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-        assert run.returncode == 0, run.stderr[-4000:]
-        assert [line.split(":")[0] for line in run.stdout.splitlines() if line.startswith("step ")] == [
-            "step 1", "step 2", "step 3", "step 4"]
-        assert "trained 4 steps through KnitTrans: policy version 4, admitted 32" in run.stdout, run.stdout
-        step_file = tmp_path / "out" / "checkpoint-2" / "knittrans-step.json"
-        assert step_file.exists()  # the checkpoint says which KnitTrans step it holds
-        group.check()
-    finally:
-        group.stop_all()
+@pytest.fixture
+def job_paths() -> Iterator[None]:
+    """The page's job name is fixed, so its paths are global: one run at a time on this machine."""
+    with open(f"/tmp/knittrans-{JOB}-doc-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def test_the_page_names_no_address() -> None:
+    lines = [c for block in bash_blocks(PAGE) for c in commands(block)]
+    assert "knittrans up --config trl-stack.yaml &" in lines
+    assert not any(flag in line for line in lines for flag in ("--admission", "--sidecar", "--store", "unix:"))
+
+
+def test_the_trl_example_trains_through_knittrans_up(tmp_path: Path, job_paths: None) -> None:
+    work = repository_copy(tmp_path)
+    returncode, stdout, stderr = run_bash_blocks(PAGE, cwd=work, env={**environment(), "HF_HUB_OFFLINE": "1"},
+                                                 timeout=400)
+    assert returncode == 0, stdout[-3000:] + stderr[-5000:]
+    assert f"knittrans up: job {JOB} is ready" in stdout
+    assert [line.split(":")[0] for line in stdout.splitlines() if line.startswith("step ")] == [
+        "step 1", "step 2", "step 3", "step 4"]
+    # Each train batch is one TRL generation batch (8 prompts x 4 generations), admitted whole.
+    assert "trained 4 steps through KnitTrans: policy version 4, admitted 32" in stdout, stdout
+    step = json.loads((work / "trl-knittrans-out" / "checkpoint-2" / "knittrans-step.json").read_text())
+    assert step, "the checkpoint says which KnitTrans step it holds"
+    assert running_with(f"--job {JOB} ") == []
+    left = [p for p in (work / "knittrans-connection.json", Path(f"/tmp/knittrans-{JOB}"),
+                        Path(f"/dev/shm/knittrans-{JOB}")) if p.exists()]
+    left += [n for n in os.listdir("/dev/shm") if n.startswith(f"knittrans-{JOB}@")]
+    assert left == []
