@@ -3,9 +3,11 @@
     python examples/integration/rollout_worker.py --admission unix:admission.sock \
         --store file:///dev/shm/knittrans-quickstart [--count 8] [--sources math,code] [--encoder vision] \
         [--token TOKEN] [--ca-file ca.pem]
+    python examples/integration/rollout_worker.py [--count 8]   # the stack `knittrans up` runs
 
 ``--admission`` is the service's address (host:port, or unix:PATH as in the local quick start of
-docs/integration.md); ``--store`` is the unit store the trainers' sidecars read from. The sources must be the
+docs/integration.md); ``--store`` is the unit store the trainers' sidecars read from. Without them, both come
+from the connection file of the stack ``knittrans up`` runs (docs/own-trainer.md). The sources must be the
 job's (its config's ``engine.sources``); with ``--encoder``, each GRPO group shares one image for that encoder,
 which the job's topology must declare, with a sidecar running for it.
 
@@ -33,8 +35,9 @@ from knittrans.types import TokenSpan, VersionSegment
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--admission", required=True, help="the admission service: host:port or unix:PATH")
-    parser.add_argument("--store", required=True, help="unit store URL (file://, mooncake://, ray://)")
+    parser.add_argument("--admission", help="the admission service: host:port or unix:PATH "
+                                            "(default: from the connection file of `knittrans up`)")
+    parser.add_argument("--store", help="unit store URL (file://, mooncake://, ray://; default: as --admission)")
     parser.add_argument("--token", default="", help="bearer token, when the service requires one")
     parser.add_argument("--ca-file", default="", help="CA certificate, when the service uses TLS")
     parser.add_argument("--count", type=int, default=8, help="trajectories to submit (groups of 4)")
@@ -42,15 +45,22 @@ def main() -> None:
     parser.add_argument("--encoder", default="", help="give each group an image for this encoder (default: none)")
     args = parser.parse_args()
 
-    connection = ConnectionSettings(target=args.admission, token=args.token,
-                                    tls=ClientTlsSettings(ca_file=args.ca_file))
-    store = open_store(args.store)
+    if bool(args.admission) != bool(args.store):
+        parser.error("give both --admission and --store, or neither (the stack `knittrans up` runs)")
     sources = args.sources.split(",")
     rng = np.random.default_rng(0)
-    with AdmissionClient(connection) as admission:
-        policy_version = admission.status().policy_version  # the version the rollout engine generates with
+    if args.admission:
+        admission = AdmissionClient(ConnectionSettings(target=args.admission, token=args.token,
+                                                       tls=ClientTlsSettings(ca_file=args.ca_file)))
+        store = open_store(args.store)
+        # close() flushes the reporter (every trajectory is then acknowledged by the service) and closes the store.
         reporter = BatchingReporter(admission)
-        rollout = RolloutClient(store, namespace="example", reporter=reporter)
+        rollout = RolloutClient(store, namespace="example", reporter=reporter, closes=(reporter, store))
+    else:  # the stack of `knittrans up`: its connection file names the service and the store
+        admission = AdmissionClient.from_env()
+        rollout = RolloutClient.from_env(namespace="example")
+    with admission, rollout:
+        policy_version = admission.status().policy_version  # the version the rollout engine generates with
         for i in range(args.count):
             sample = i // 4  # a GRPO group of 4 responses shares its prompt (and its image)
             prompt, response = 12, int(rng.integers(20, 60))
@@ -78,11 +88,10 @@ def main() -> None:
             )
             print(f"submitted {meta.trajectory_id}: {meta.num_tokens} tokens ({meta.num_loss_tokens} in the loss), "
                   f"{len(meta.units)} units")
-        reporter.close()  # flush: every trajectory is acknowledged by the service when this returns
+        rollout.close()  # flush: every trajectory is acknowledged by the service when this returns
         status = admission.status()
         print(f"admission: pool {status.pool_size}, admitted {status.admitted_total}, "
               f"waiting: {status.blocking_reason}")
-    store.close()
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
     python examples/integration/trainer_loop.py --sidecar unix:/tmp/knittrans-quickstart/reorg-backbone-dp0-cp0.sock \
         --admission unix:admission.sock [--token TOKEN] [--minibatches 2]
+    python examples/integration/trainer_loop.py --global-rank 1 [--minibatches 2]   # the stack of `knittrans up`
 
 A sidecar started without ``--socket`` listens on /tmp/knittrans-<job>/reorg-<role>-dp<D>-cp<C>.sock, where
 <job> is the admission service's job (``job:`` in its config; ``quickstart`` in the local quick start of
 docs/integration.md).
+Without ``--sidecar`` and ``--admission``, both come from the connection file of the stack ``knittrans up`` runs,
+for this ``--global-rank`` (docs/own-trainer.md).
 
 Each mini-batch is one optimizer step. Its micro-batches arrive in consumption order as torch tensors that view
 shared memory (no copy); a background thread prefetches the next ones while this one computes. The loss of
@@ -31,9 +34,10 @@ from knittrans.trainer import TrainerClient, TrainerSettings
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sidecar", required=True, help="unix:/path of this rank's reorg sidecar")
-    parser.add_argument("--admission", required=True,
-                        help="the admission service (progress reports): host:port or unix:PATH")
+    parser.add_argument("--sidecar", help="unix:/path of this rank's reorg sidecar "
+                                          "(default: from the connection file of `knittrans up`)")
+    parser.add_argument("--admission", help="the admission service (progress reports): host:port or unix:PATH "
+                                            "(default: as --sidecar)")
     parser.add_argument("--token", default="")
     parser.add_argument("--global-rank", type=int, default=0)
     parser.add_argument("--minibatches", type=int, default=2, help="optimizer steps to run")
@@ -43,10 +47,17 @@ def main() -> None:
     embedding = torch.nn.Embedding(32000, 16)
     head = torch.nn.Linear(16, 32000)
     optimizer = torch.optim.SGD([*embedding.parameters(), *head.parameters()], lr=0.1)
-    client = TrainerClient(TrainerSettings(
-        sidecar=args.sidecar, global_rank=args.global_rank,
-        admission=ConnectionSettings(target=args.admission, token=args.token),
-    ))
+    if bool(args.sidecar) != bool(args.admission):
+        parser.error("give both --sidecar and --admission, or neither (the stack `knittrans up` runs)")
+    if args.sidecar:
+        client = TrainerClient(TrainerSettings(
+            sidecar=args.sidecar, global_rank=args.global_rank,
+            admission=ConnectionSettings(target=args.admission, token=args.token),
+        ))
+        admission = AdmissionClient(ConnectionSettings(target=args.admission, token=args.token))
+    else:  # the stack of `knittrans up`: its connection file names this rank's sidecar and the service
+        client = TrainerClient.from_env(args.global_rank)
+        admission = AdmissionClient.from_env()
     try:
         for step, mini in enumerate(client.mini_batches()):
             optimizer.zero_grad()
@@ -70,7 +81,7 @@ def main() -> None:
                 break
     finally:
         client.close()  # flushes the progress reports: the mini-batches' units can now be released
-    with AdmissionClient(ConnectionSettings(target=args.admission, token=args.token)) as admission:
+    with admission:
         status = admission.status()
     print(f"admission: admitted {status.admitted_total} trajectories, released {status.released_minibatches} "
           f"mini-batches, policy version {status.policy_version}")

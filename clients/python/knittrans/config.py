@@ -25,6 +25,11 @@ import yaml
 from knittrans.errors import ConfigError, InvalidArgument
 
 ENV_PREFIX = "KNITTRANS_"
+# Names a file rather than a config key, so the config layers leave these out.
+CONFIG_FILE_VARIABLE = f"{ENV_PREFIX}CONFIG"
+CONNECTION_FILE_VARIABLE = f"{ENV_PREFIX}CONNECTION_FILE"
+# Where `knittrans up` writes, and clients read, the local stack's addresses (knittrans.connection_file).
+DEFAULT_CONNECTION_FILE = "knittrans-connection.json"
 T = TypeVar("T")
 
 
@@ -65,7 +70,7 @@ def load_config(
     merged: dict[str, Any] = read_yaml_file(path) if path is not None else {}
     env = environment() if env is None else env
     for name, raw in sorted(env.items()):
-        if not name.startswith(env_prefix) or name == f"{env_prefix}CONFIG":
+        if not name.startswith(env_prefix) or name in (f"{env_prefix}CONFIG", f"{env_prefix}CONNECTION_FILE"):
             continue
         dotted = name[len(env_prefix) :].lower().replace("__", ".")
         _set_dotted(merged, dotted, _parse_env_value(raw, name), source=name)
@@ -78,7 +83,19 @@ def load_config(
 def config_path_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """``KNITTRANS_CONFIG`` names the config file when no ``--config`` flag is given."""
     env = environment() if env is None else env
-    return env.get(f"{ENV_PREFIX}CONFIG")
+    return env.get(CONFIG_FILE_VARIABLE)
+
+
+def connection_file_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """``KNITTRANS_CONNECTION_FILE`` names the connection file ``knittrans up`` writes and clients read."""
+    env = environment() if env is None else env
+    return env.get(CONNECTION_FILE_VARIABLE) or None
+
+
+def connection_file_path(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Path:
+    """The connection file: ``path`` when given, else ``KNITTRANS_CONNECTION_FILE``, else
+    ``knittrans-connection.json`` in the current directory."""
+    return Path(path or connection_file_from_env(env) or DEFAULT_CONNECTION_FILE)
 
 
 def build(schema: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:

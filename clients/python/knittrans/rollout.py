@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Real
+from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -95,6 +96,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_BYTES = 256 << 20
 # Multimodal keys remembered for clean-up after a rejection; an older one is assumed to be in use and kept.
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
 
 
 class MetadataReporter(Protocol):
@@ -218,7 +223,9 @@ class RolloutClient:
         reporter: MetadataReporter | None = None,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         clock: Callable[[], float] = time.time,
+        closes: Sequence[Closeable] = (),
     ) -> None:
+        """``closes``: what :meth:`close` closes, in order (what :meth:`from_env` opened for this client)."""
         check_simple_name(namespace, "namespace")
         if not isinstance(batch_bytes, int) or batch_bytes < 1:
             raise InvalidArgument(f"must be a positive integer, got {batch_bytes!r}", field="batch_bytes")
@@ -228,6 +235,30 @@ class RolloutClient:
         self._batch_bytes = batch_bytes
         self._clock = clock
         self._io = BlockingSubmitIO(store, reporter, discard=self._discard_rejected)
+        self._closes = tuple(closes)
+
+    @classmethod
+    def from_env(cls, *, namespace: str = "default", connection_file: str | Path | None = None,
+                 wait_seconds: float = 60.0, **options: Any) -> RolloutClient:
+        """A client of the stack ``knittrans up`` runs, from its connection file (:mod:`knittrans.connect`):
+        units go to the stack's store and reports to its admission service. Close it (or use ``with``) to flush
+        the reports."""
+        from knittrans.connect import rollout_client
+
+        return rollout_client(connection_file, namespace=namespace, wait_seconds=wait_seconds, **options)
+
+    def close(self) -> None:
+        """Close what this client owns (nothing unless built by :meth:`from_env`): a batching reporter is
+        flushed first, so every trajectory submitted is acknowledged when this returns."""
+        closes, self._closes = self._closes, ()
+        for resource in closes:
+            resource.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def store(self) -> UnitStore:

@@ -75,8 +75,8 @@ def run_chaos_and_summarize(settings: DemoSettings) -> int:
     import json
 
     from knittrans.demo.chaos.run import run_chaos_demo
-    from knittrans.demo.stack.processes import ProcessFailed
     from knittrans.errors import FailedPrecondition
+    from knittrans.stack.processes import ProcessFailed
 
     try:
         report = run_chaos_demo(settings)
@@ -93,9 +93,9 @@ def run_chaos_and_summarize(settings: DemoSettings) -> int:
 
 def run_and_summarize(settings: DemoSettings, nodes: Sequence[Node] = ()) -> int:
     """Run the demo (here, or as the driver on node0 of the multi-node layout) and print its checks."""
-    from knittrans.demo.stack.processes import ProcessFailed
     from knittrans.demo.stack.run import run_demo
     from knittrans.errors import FailedPrecondition
+    from knittrans.stack.processes import ProcessFailed
 
     try:
         report = run_demo(settings, nodes)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from knittrans.demo.stack.processes import ProcessGroup
+from knittrans.stack.processes import ProcessGroup
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "integration"

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from knittrans.demo.stack.report import build_rows
-from knittrans.demo.stack.run import Progress
+from knittrans.stack.progress import Progress
 
 STARTED = 1_000.0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 import grpc
 
@@ -76,6 +77,13 @@ class AdmissionClient:
         self.connection = self._client.connection
         self.retry_policy = self._client.retry_policy
         self.retry_codes = self._client.retry_codes
+
+    @classmethod
+    def from_env(cls, *, connection_file: str | Path | None = None, wait_seconds: float = 60.0) -> AdmissionClient:
+        """A client of the admission service of the stack ``knittrans up`` runs (:mod:`knittrans.connect`)."""
+        from knittrans.connect import load_connection
+
+        return cls(load_connection(connection_file, wait_seconds=wait_seconds).admission)
 
     def close(self) -> None:
         run_to_completion(self._client.close())

@@ -77,6 +77,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -262,6 +263,16 @@ class TrainerClient:
         iterator does it on the thread that iterates; code that uses the tensors on another thread (the asyncio
         client, :class:`~knittrans.aio.AsyncTrainerClient`) calls this there."""
         self._ready_for_use(micro.staged)
+
+    @classmethod
+    def from_env(cls, global_rank: int, *, role: str = "backbone", connection_file: str | Path | None = None,
+                 wait_seconds: float = 60.0, **settings: Any) -> TrainerClient:
+        """The client of global trainer rank ``global_rank`` of the stack ``knittrans up`` runs: its sidecar and
+        TP rank come from the connection file (:mod:`knittrans.connect`); ``settings`` are further
+        :class:`TrainerSettings` fields."""
+        from knittrans.connect import trainer_client
+
+        return trainer_client(global_rank, connection_file, role=role, wait_seconds=wait_seconds, **settings)
 
     def close(self) -> None:
         if self._prefetcher is not None:

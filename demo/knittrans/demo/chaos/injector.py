@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from knittrans.demo.chaos.schedule import ChaosSettings, FaultAction, FaultTarget, faults_of
-from knittrans.demo.stack.processes import ManagedProcess, ProcessGroup
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
+from knittrans.stack.processes import ManagedProcess, ProcessGroup
 
 logger = logging.getLogger(__name__)
 

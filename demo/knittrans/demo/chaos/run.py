@@ -24,10 +24,11 @@ from knittrans.demo.chaos.acks import read_acked
 from knittrans.demo.chaos.injector import Injector, Supervisor
 from knittrans.demo.chaos.oracle import ChaosVerdict, Leftovers, judge, read_events
 from knittrans.demo.chaos.schedule import FaultTarget
-from knittrans.demo.stack.run import DEMO_LEASE_TTL_MS, DemoStack, Progress, claim_out_directory, new_job_id
+from knittrans.demo.stack.run import DEMO_LEASE_TTL_MS, DemoStack, claim_out_directory, new_job_id
 from knittrans.demo.stack.settings import SOURCES, DemoSettings
 from knittrans.launch.ports import free_port
 from knittrans.shm import list_segments
+from knittrans.stack.progress import Progress
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
@@ -177,8 +178,8 @@ def _run_holding(settings: DemoSettings, job: str, out: Path) -> ChaosReport:
     store_units = 0
     try:
         state, redis, owner = _start_backends(stack)
-        stack.start_admission(state)
-        stack.start_sidecars()
+        stack.start_admission(stack.admission_config(state))
+        stack.start_sidecars(stack.consumers())
         supervisor = Supervisor(stack.group, out / "run.json", redis=redis, store_owner=owner)
         stack.group.supervisor = supervisor.handle
         watcher = AdmissionWatcher(stack.admission_address)

@@ -22,15 +22,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TextIO
 
 import grpc
-import yaml
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, open_channel
 from knittrans.demo.stack.namespaces import Node
-from knittrans.demo.stack.processes import ProcessGroup
 from knittrans.demo.stack.report import (
     DemoReport,
     build_rows,
@@ -40,12 +37,13 @@ from knittrans.demo.stack.report import (
     plot,
     read_jsonl,
 )
-from knittrans.demo.stack.settings import DEFAULT_OUT, SOURCES, DemoSettings, StateKind, StoreKind
+from knittrans.demo.stack.settings import DEFAULT_OUT, SOURCES, DemoSettings, StoreKind
 from knittrans.job import FileLease, JobLeaseHeld
 from knittrans.launch.mooncake import SHORT_LEASE_TTL_MS
 from knittrans.launch.ports import free_port
 from knittrans.reorg.settings import default_socket_path
-from knittrans.shm import remove_segments
+from knittrans.stack.local import LocalStack
+from knittrans.stack.progress import Progress
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
@@ -61,51 +59,18 @@ STORE_EMPTY_TIMEOUT_SECONDS = 60.0
 OUT_LEASE = ".demo.lease"  # in the output directory: the run that writes there
 
 
-class Progress:
-    """The demo's status line on stderr: redrawn in place on a terminal; in a log (CI, ``make demo > log``) plain
-    lines, one per change of what it is waiting for, without carriage returns or terminal escape codes."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self._in_place = stream.isatty()
-        self._line_open = False
-        self._last_key: object = None
-
-    def show(self, message: str, *, key: object = None) -> None:
-        """Show ``message``; in a log only when ``key`` (default: the message) differs from the last one's."""
-        key = message if key is None else key
-        if self._in_place:
-            print(f"\r\033[K{message}", end="", file=self._stream, flush=True)
-            self._line_open = True
-        elif key != self._last_key:
-            print(message, file=self._stream, flush=True)
-        self._last_key = key
-
-    def end_line(self) -> None:
-        if self._line_open:
-            print(file=self._stream, flush=True)
-            self._line_open = False
-
-
-class DemoStack:
-    """The processes of one demo run, started in dependency order."""
+class DemoStack(LocalStack):
+    """The processes of one demo run, started in dependency order: :class:`LocalStack`'s services, then the
+    trainer ranks and the rollout workers."""
 
     def __init__(self, settings: DemoSettings, out: Path, progress: Progress, nodes: Sequence[Node] = (), *,
                  job: str) -> None:
+        super().__init__(job=job, work_dir=out)
         self.settings = settings
         self.nodes = tuple(nodes)  # empty: everything on this machine, on loopback
         self.out = out
         self.progress = progress
-        self.job = job  # names the store keys, segments, sockets and journal of this run only
-        self.group = ProcessGroup(out / "logs")
-        self.python = sys.executable
-        self.extras: list = []  # Redis / Mooncake handles
-        self.store_url = ""
         self.mooncake_master = None  # the master, where the driver can count its keys (multi-node layout)
-        self.admission_address = ""
-        self.admission_port = 0  # 0: any; the chaos run fixes it, so that a restarted service keeps its address
-        self.metrics_urls: list[str] = []
-        self.sidecar_metrics: list[str] = []
         self.started_at = time.time()
         self.admissions: dict[int, dict] = {}
         self._admission_stream = None
@@ -129,28 +94,19 @@ class DemoStack:
         node = self._node(index)
         return self.store_url if node is None else f"{self.store_url}&local_hostname={node.address}"
 
+    def _sidecar_env(self) -> dict[str, str] | None:
+        # The driver scrapes the sidecars' bytes from its own node.
+        return {**os.environ, "KNITTRANS_SERVER__METRICS__HOST": self._host(2)} if self.nodes else None
+
     # -- starting ----------------------------------------------------------------------------------------
 
     def start_backends(self) -> str:
         settings = self.settings
-        state = "memory"
-        if settings.state is StateKind.REDIS:
-            from knittrans.launch.redis import start_redis
-
-            redis = start_redis(self.out / "redis", bind_host=self._host(0))
-            self.extras.append(redis)
-            state = redis.url
+        state = self.start_state(settings.state)
         if settings.store is StoreKind.MOONCAKE and self.nodes:
             self.start_cluster_store()
-        elif settings.store is StoreKind.MOONCAKE:
-            from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
-
-            # A short read lease: released units leave memory soon after their last read.
-            cluster = start_mooncake(MooncakeClusterConfig(lease_ttl_ms=DEMO_LEASE_TTL_MS), log_dir=self.out / "logs")
-            self.extras.append(cluster)
-            self.store_url = cluster.store_url
         else:
-            self.store_url = f"file:///dev/shm/knittrans-{self.job}/units"
+            self.start_store(settings.store, lease_ttl_ms=DEMO_LEASE_TTL_MS)
         return state
 
     def start_cluster_store(self) -> None:
@@ -171,12 +127,11 @@ class DemoStack:
             self.extras.append(owner)
         self.store_url = f"mooncake://{master.address}?max_unit_size={CLUSTER_SEGMENT_SIZE}"
 
-    def admission_config(self, state: str) -> Path:
+    def admission_config(self, state: str) -> dict:
+        """The admission service's config (:meth:`LocalStack.start_admission` adds the job, store and port)."""
         settings = self.settings
         config = {
-            "job": self.job,
             "state": state,
-            "store": self.store_url,
             "engine": {
                 "train_batch_size": settings.train_batch_size,
                 "num_minibatches": settings.num_minibatches,
@@ -189,24 +144,12 @@ class DemoStack:
                 "encoders": [{"name": ENCODER, "dp": settings.encoder_dp,
                               "max_cost_per_microbatch": ENCODER_COST_PER_MICROBATCH}],
             },
-            "server": {"port": self.admission_port, "metrics": {"port": 0}},
         }
         if settings.chaos.enabled:
             # Chaos trainer ranks restore checkpoints and get the mini-batches after them again: the units stay
             # until a reported checkpoint covers their step (global rank 0 reports one after every step).
             config["retain_until_checkpoint"] = True
-        path = self.out / "admission.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
-
-    def start_admission(self, state: str) -> None:
-        ready = self.out / "ready-admission.json"
-        process = self.group.start("admission", [
-            self.python, "-m", "knittrans.cli", "admission", "serve", "--config", str(self.admission_config(state)),
-            "--host", self._host(0), "--ready-file", str(ready)])
-        info = self.group.wait_ready(process, ready)
-        self.admission_address = info["address"]
-        self.metrics_urls.append(info["metrics_url"])
+        return config
 
     def consumers(self) -> list[ConsumerId]:
         settings = self.settings
@@ -214,25 +157,6 @@ class DemoStack:
                     for c in range(settings.cp)]
         encoders = [ConsumerId(role=f"encoder:{ENCODER}", dp_rank=d) for d in range(settings.encoder_dp)]
         return backbone + encoders
-
-    def start_sidecars(self) -> None:
-        pending = []
-        for consumer in self.consumers():
-            name = f"reorg-{consumer.role.replace(':', '-')}-dp{consumer.dp_rank}-cp{consumer.cp_rank}"
-            ready = self.out / f"ready-{name}.json"
-            process = self.group.start(name, self._on(2, [
-                self.python, "-m", "knittrans.cli", "reorg", "serve", "--job", self.job, "--role", consumer.role,
-                "--dp-rank", str(consumer.dp_rank), "--cp-rank", str(consumer.cp_rank), "--store",
-                self._store_url_on(2), "--admission", self.admission_address, "--metrics-port", "0",
-                "--ready-file", str(ready)]),
-                # The driver scrapes the sidecars' bytes from its own node.
-                env={**os.environ, "KNITTRANS_SERVER__METRICS__HOST": self._host(2)} if self.nodes else None)
-            pending.append((process, ready))
-        for process, ready in pending:
-            info = self.group.wait_ready(process, ready)
-            url = info["metrics_url"]
-            self.metrics_urls.append(url)
-            self.sidecar_metrics.append(url)
 
     def start_trainers(self) -> None:
         settings = self.settings
@@ -344,13 +268,7 @@ class DemoStack:
     def stop(self) -> None:
         if self._admission_stream is not None:
             self._admission_stream.cancel()
-        self.group.stop_all()
-        for extra in reversed(self.extras):
-            extra.stop()
-        shutil.rmtree(f"/dev/shm/knittrans-{self.job}", ignore_errors=True)
-        remove_segments(f"knittrans-{self.job}@")  # what a killed sidecar of this run left (all are stopped now)
-        shutil.rmtree(Path(default_socket_path(self.job, ConsumerId(role="backbone", dp_rank=0))).parent,
-                      ignore_errors=True)
+        super().stop()
 
 
 def new_job_id() -> str:
@@ -398,9 +316,9 @@ def _run_holding(settings: DemoSettings, nodes: Sequence[Node], job: str, out: P
     try:
         state = stack.start_backends()
         progress.show("starting the admission service")
-        stack.start_admission(state)
+        stack.start_admission(stack.admission_config(state))
         progress.show("starting reorg sidecars")
-        stack.start_sidecars()
+        stack.start_sidecars(stack.consumers())
         progress.end_line()
         print("Prometheus can scrape:", *stack.metrics_urls, sep="\n  ", file=sys.stderr)
         stack.watch_admissions()

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from knittrans.admission.engine import AdmissionPolicy
 from knittrans.demo.chaos.schedule import ChaosSettings
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job
+from knittrans.stack.local import StateKind, StoreKind
 
 SOURCES = ("math", "code", "chart", "agentic")  # the workload's four sources (knittrans.demo.workload)
 DEFAULT_OUT = "demo-out"
-
-
-class StoreKind(StrEnum):
-    FILE = "file"
-    MOONCAKE = "mooncake"
-
-
-class StateKind(StrEnum):
-    MEMORY = "memory"
-    REDIS = "redis"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,12 +1,13 @@
 """A supervised group of local processes: started with their own log files, stopped together.
 
-Every process the demo starts is registered here. If one exits while the group still needs it, the group
-reports it by name with the last lines of its log, and everything is stopped: on normal exit, on Ctrl-C
-and on failure alike.
+Every process a local stack (``knittrans demo``, ``knittrans up``) starts is registered here. If one exits while
+the group still needs it, the group reports it by name with the last lines of its log, and everything is stopped:
+on normal exit, on Ctrl-C and on failure alike.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -23,6 +24,14 @@ from knittrans.errors import FailedPrecondition
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 10.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, even by SIGKILL, so that a
+    killed supervisor leaves no orphaned servers (each child is its own session, out of reach of the terminal's
+    signals)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -52,8 +61,9 @@ class ProcessFailed(FailedPrecondition):
 
 
 class ProcessGroup:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, stop_with_parent: bool = False) -> None:
         self.log_dir = log_dir
+        self.stop_with_parent = stop_with_parent  # children get SIGTERM when this process dies
         log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: list[ManagedProcess] = []
         # Given (the chaos run), it is asked first about a process that died when it must not have; True: it took
@@ -72,7 +82,7 @@ class ProcessGroup:
         log_file = open(log_path, "wb")
         process = subprocess.Popen(
             list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=dict(env) if env is not None else None,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=self._preexec(),
         )
         managed = ManagedProcess(name=name, process=process, log_path=log_path, must_outlive_run=service,
                                  _log_file=log_file, argv=tuple(argv), env=env)
@@ -124,6 +134,7 @@ class ProcessGroup:
         managed.process = subprocess.Popen(
             list(managed.argv), stdout=log_file, stderr=subprocess.STDOUT,
             env=dict(managed.env) if managed.env is not None else None, start_new_session=True,
+            preexec_fn=self._preexec(),
         )
         managed.restarts += 1
         logger.info("restarted %s (pid %d)", managed.name, managed.process.pid)
@@ -145,6 +156,9 @@ class ProcessGroup:
             if managed._log_file is not None:
                 managed._log_file.close()
                 managed._log_file = None
+
+    def _preexec(self) -> Callable[[], None] | None:
+        return _terminate_with_parent if self.stop_with_parent else None
 
     @staticmethod
     def _signal(managed: ManagedProcess, signum: int) -> None:
