@@ -34,6 +34,9 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     parser.add_argument("--chaos-targets", metavar="LIST",
                         help="comma-separated fault targets: admission, redis, sidecar, trainer, rollout, "
                              "mooncake-store (default: all)")
+    parser.add_argument("--roles", metavar="LIST",
+                        help="trainer roles: actor (the default) or reference,actor (a frozen reference attaches "
+                             "ref_logprobs, the actor adds a KL term; docs/roles.md)")
     return _run
 
 
@@ -52,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
                "state": args.state or ("redis" if chaos else None),
                "policy": args.policy, "train_batches": args.train_batches, "out": args.out, "nodes": args.nodes,
                "job": args.job, "chaos.seed": args.chaos,
-               "chaos.targets": list(parse_targets(args.chaos_targets)) if args.chaos_targets else None},
+               "chaos.targets": list(parse_targets(args.chaos_targets)) if args.chaos_targets else None,
+               "roles": args.roles.split(",") if args.roles is not None else None},
     )
     if settings.chaos.enabled:
         return run_chaos_and_summarize(settings)
@@ -111,7 +115,10 @@ def run_and_summarize(settings: DemoSettings, nodes: Sequence[Node] = ()) -> int
     out = Path(report.out)
     checks = report.checks
     print(f"\nbytes read by the sidecars: {report.bytes_read:,}  needed by the plans: {report.bytes_needed:,}")
-    for name in ("trained_exactly_once", "quotas_held", "bytes_match", "images_match", "loss_decreased"):
+    names = ["trained_exactly_once", "quotas_held", "bytes_match", "images_match", "loss_decreased"]
+    if checks.reference_fields_match is not None:
+        names.append("reference_fields_match")
+    for name in names:
         print(f"  {name.replace('_', ' ')}: {'yes' if getattr(checks, name) else 'NO'}")
     print(f"loss per train batch: {checks.details.get('loss_by_train_batch')}")
     if "store_keys_after_release" in checks.details:

@@ -248,3 +248,18 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tens
     """Sum of masked next-token cross-entropies divided by ``normalizer`` (the mini-batch's loss tokens)."""
     per_token = F.cross_entropy(logits, labels, reduction="none")
     return (per_token * loss_mask).sum() / normalizer
+
+
+def initial_model(seed: int) -> VisionLanguageModel:
+    """The demo's initial policy for ``seed``: what every actor rank starts from (rank 0's, broadcast) and what the
+    frozen reference role keeps (:mod:`knittrans.demo.reference_rank`)."""
+    torch.manual_seed(seed)
+    return VisionLanguageModel(VisionLanguageConfig())
+
+
+def parameters_digest(model: nn.Module) -> str:
+    """A content hash of every parameter and buffer, in state-dict order: equal digests, equal models."""
+    from knittrans.store.hashing import content_hash
+
+    data = b"".join(tensor.detach().contiguous().numpy().tobytes() for tensor in model.state_dict().values())
+    return content_hash(data)

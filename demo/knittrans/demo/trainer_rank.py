@@ -47,6 +47,8 @@ class RankRun:
     # The chaos run: checkpoint after every step, log applied steps for the oracle, restore at start
     # (knittrans.demo.chaos.checkpoint); a mini-batch that comes as a typed error is logged and skipped.
     chaos: bool = False
+    # With the reference role (--roles reference,actor): the weight of the KL term against its ref_logprobs
+    kl_coefficient: float = 0.0
 
 
 class RecordingMiniBatch:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from knittrans.client.admission import AdmissionClient
     from knittrans.client.connection import ConnectionSettings
     from knittrans.demo.chaos.checkpoint import RankHistory, any_rank_failed, commit_checkpoint
-    from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel
+    from knittrans.demo.model import initial_model, parameters_digest
     from knittrans.demo.training import DemoTrainer, Parallelism, step_on_trainer_minibatch
     from knittrans.errors import MiniBatchRestarted
     from knittrans.trainer import TrainerClient, TrainerSettings
@@ -130,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         "gloo", init_method=f"tcp://127.0.0.1:{run.master_port}", rank=rank, world_size=run.dp * run.cp
     )
     parallelism = Parallelism.from_world(dp=run.dp, cp=run.cp)
-    trainer = DemoTrainer(VisionLanguageModel(VisionLanguageConfig()), parallelism, learning_rate=run.learning_rate)
+    trainer = DemoTrainer(initial_model(run.seed), parallelism, learning_rate=run.learning_rate,
+                          kl_coefficient=run.kl_coefficient)
     out = Path(run.out)
+    if rank == 0:  # the policy every rank starts from (rank 0's, broadcast): the reference role must equal it
+        (out / "initial-policy.json").write_text(json.dumps({"digest": parameters_digest(trainer.model)}))
     history = RankHistory(out, rank) if run.chaos else None
     restored, restored_step, applied = (history.restore(trainer.model, trainer.optimizer, distributed=True)
                                         if history is not None else (None, None, 0))
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             steps_file.write(json.dumps({
                 "rank": rank, "dp_rank": parallelism.dp_rank, "cp_rank": parallelism.cp_rank, "step": step,
                 "sequence": mini.sequence, "train_batch": mini.train_batch_index, "minibatch": mini.minibatch_index,
-                "train_version": mini.train_version, "loss": result.loss, "loss_tokens": result.loss_tokens,
+                "train_version": mini.train_version, "loss": result.loss, "kl": result.kl,
+                "loss_tokens": result.loss_tokens,
                 "micro_batches": result.micro_batches, "encodings_computed": result.encodings_computed,
                 "encoding_references": result.encoding_references, "dedup_factor": result.dedup_factor,
                 "waiting_since": waiting_since, "received_at": received_at,

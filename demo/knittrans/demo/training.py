@@ -134,6 +134,7 @@ class StepResult:
     # TrainerClient deliveries only: the training loop's waits for this mini-batch's micro-batches (the first
     # one's wait happens before the step starts, when the mini-batch is taken; the others' inside the step)
     data_wait_seconds: float = 0.0
+    kl: float = 0.0  # the mean k3 KL(policy || reference) per loss token (0 without a reference)
 
     @property
     def dedup_factor(self) -> float:
@@ -159,6 +160,23 @@ def packed_loss_sum(
     return (per_token * selected).sum(), selected.sum()
 
 
+def label_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(labels[t]) at every packed position t; 0 where there is no label (−100)."""
+    has_label = labels != LABEL_IGNORE_INDEX
+    picked = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.where(has_label, labels, 0)[:, None])[:, 0]
+    return torch.where(has_label, picked, torch.zeros_like(picked))
+
+
+def packed_kl_sum(
+    logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor
+) -> torch.Tensor:
+    """Summed k3 estimate of KL(policy || reference) over the loss tokens: exp(r) − r − 1 with r = ref − logp, per
+    label token, where ``ref_logprobs`` is label-aligned like the labels (the reference role's log p(labels[t]))."""
+    selected = (loss_mask != 0) & (labels != LABEL_IGNORE_INDEX)
+    ratio = ref_logprobs.to(torch.float32) - label_logprobs(logits, labels)
+    return ((torch.exp(ratio) - ratio - 1) * selected).sum()
+
+
 class DemoTrainer:
     """Holds a rank's model, optimizer and parallel layout; :meth:`step` trains one mini-batch."""
 
@@ -170,11 +188,17 @@ class DemoTrainer:
         learning_rate: float = 1e-2,
         max_grad_norm: float | None = 1.0,
         loss_mask_field: str = "loss_mask",
+        kl_coefficient: float = 0.0,
+        reference_field: str = "ref_logprobs",
     ) -> None:
         self.model = model
         self.parallelism = parallelism
         self.loss_mask_field = loss_mask_field
         self.max_grad_norm = max_grad_norm
+        # With a reference role: the loss adds kl_coefficient × the k3 KL per loss token, on micro-batches that
+        # carry its label-aligned log-probs (reference_field)
+        self.kl_coefficient = kl_coefficient
+        self.reference_field = reference_field
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
         broadcast_parameters(model, parallelism)
 
@@ -216,7 +240,7 @@ class DemoTrainer:
         started = time.perf_counter()
         par = self.parallelism
         iterator = iter(micro_batches)
-        totals = {"loss": 0.0, "tokens": 0, "micro_batches": 0}
+        totals = {"loss": 0.0, "tokens": 0, "micro_batches": 0, "kl": 0.0}
 
         def backbone_step(gathered: GatheredEncodings) -> torch.Tensor | None:
             try:
@@ -227,9 +251,10 @@ class DemoTrainer:
                     field="micro_batches",
                 ) from None
             totals["micro_batches"] += 1
-            loss_sum, tokens = self._micro_batch_loss(micro, gathered)
+            loss_sum, tokens, kl_sum = self._micro_batch_loss(micro, gathered)
             if loss_sum is None:
                 return None
+            totals["kl"] += float(kl_sum)
             totals["loss"] += float(loss_sum.detach())
             totals["tokens"] += int(tokens)
             return loss_sum / global_loss_tokens
@@ -250,7 +275,8 @@ class DemoTrainer:
             1 for micro in schedule.ranks[reuse.rank].backbone_micro_batches for use in micro.uses if use.first_row == 0
         )
         stats = torch.tensor(
-            [totals["loss"], totals["tokens"], reuse.encodings_computed, references, surplus], dtype=torch.float64
+            [totals["loss"], totals["tokens"], reuse.encodings_computed, references, surplus, totals["kl"]],
+            dtype=torch.float64,
         )
         if par.distributed:
             dist.all_reduce(flat, group=par.reduce_group)
@@ -259,7 +285,7 @@ class DemoTrainer:
         for p in parameters:
             p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
             offset += p.numel()
-        loss_sum, tokens, computed, references, surplus_total = stats.tolist()
+        loss_sum, tokens, computed, references, surplus_total, kl_sum = stats.tolist()
         if surplus_total:
             raise FailedPrecondition(
                 f"{int(surplus_total)} delivered micro-batch(es) were not in the schedule", field="micro_batches"
@@ -282,6 +308,7 @@ class DemoTrainer:
             encoding_references=int(references),
             grad_norm=grad_norm,
             compute_seconds=time.perf_counter() - started,
+            kl=kl_sum / global_loss_tokens,
         )
 
     def _encoder_inputs(self, images: ImageSource) -> Callable[[EncoderMicroBatch], torch.Tensor]:
@@ -305,10 +332,11 @@ class DemoTrainer:
 
     def _micro_batch_loss(
         self, micro: PackedTensors, gathered: GatheredEncodings
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor, float]:
+        """(summed loss, loss tokens, summed KL) of one micro-batch; the loss includes the weighted KL."""
         input_ids = micro["input_ids"].to(torch.int64)
         if input_ids.numel() == 0:  # an empty micro-batch (the same on every CP rank): nothing to run
-            return None, torch.zeros((), dtype=torch.int64)
+            return None, torch.zeros((), dtype=torch.int64), 0.0
         positions = micro["position_ids"].to(torch.int64)
         logits = self.model.backbone(
             input_ids,
@@ -317,7 +345,13 @@ class DemoTrainer:
             feature_positions=gathered.positions,
             attention=self._attention(positions, micro["cu_seqlens"]),
         )
-        return packed_loss_sum(logits, micro["labels"].to(torch.int64), micro[self.loss_mask_field])
+        labels, loss_mask = micro["labels"].to(torch.int64), micro[self.loss_mask_field]
+        loss_sum, tokens = packed_loss_sum(logits, labels, loss_mask)
+        if not self.kl_coefficient or self.reference_field not in micro:
+            return loss_sum, tokens, 0.0
+        # A copy: the micro-batch's tensors may live in a shared-memory slot that is reused after this call.
+        kl_sum = packed_kl_sum(logits, labels, loss_mask, micro[self.reference_field].clone())
+        return loss_sum + self.kl_coefficient * kl_sum, tokens, float(kl_sum.detach())
 
 
 def images_from_encoder_minibatch(mini: Iterable[Any]) -> dict[UnitKey, torch.Tensor]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +13,8 @@ import torch
 
 from knittrans.admission.planning import plan_minibatch
 from knittrans.demo.local_feed import packed_micro_batches, plan_images, store_samples
-from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel
-from knittrans.demo.training import DemoTrainer, Parallelism
+from knittrans.demo.model import VisionLanguageConfig, VisionLanguageModel, initial_model
+from knittrans.demo.training import DemoTrainer, Parallelism, label_logprobs, packed_kl_sum
 from knittrans.demo.workload import WorkloadSpec, generate_samples
 from knittrans.errors import FailedPrecondition
 from knittrans.plan import Plan
@@ -105,3 +106,50 @@ def test_micro_batches_must_match_the_schedule(minibatches) -> None:
     assert len(micro_batches) > 1
     with pytest.raises(FailedPrecondition, match="more backbone micro-batches"):
         step(trainer, plan, micro_batches[:-1], images)
+
+
+def naive_k3(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, ref: torch.Tensor) -> float:
+    """Token by token: exp(ref − logp) − (ref − logp) − 1 over the positions with a label and a loss mask."""
+    total = 0.0
+    for t in range(len(labels)):
+        if int(labels[t]) == -100 or int(mask[t]) == 0:
+            continue
+        logp = float(torch.log_softmax(logits[t].double(), dim=-1)[int(labels[t])])
+        delta = float(ref[t]) - logp
+        total += math.exp(delta) - delta - 1
+    return total
+
+
+def test_the_k3_term_counts_each_masked_label_token_once() -> None:
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(12, 9, generator=generator)
+    labels = torch.randint(0, 9, (12,), generator=generator)
+    labels[[3, 11]] = -100
+    mask = (torch.rand(12, generator=generator) < 0.7).to(torch.uint8)
+    ref = -torch.rand(12, generator=generator) * 4
+    assert float(packed_kl_sum(logits, labels, mask, ref)) == pytest.approx(naive_k3(logits, labels, mask, ref),
+                                                                            rel=1e-5)
+    # Against itself the estimate is 0, and so is its gradient.
+    own = label_logprobs(logits, labels).detach()
+    logits.requires_grad_(True)
+    kl = packed_kl_sum(logits, labels, mask, own)
+    kl.backward()
+    assert float(kl.detach()) == pytest.approx(0.0, abs=1e-6) and float(logits.grad.abs().max()) < 1e-6
+
+
+def test_the_actor_adds_the_weighted_kl_when_the_micro_batches_carry_ref_logprobs(minibatches) -> None:
+    plan, micro_batches, images = minibatches[0]
+    generator = torch.Generator().manual_seed(1)
+    with_ref = [{**micro, "ref_logprobs": -torch.rand(len(micro["labels"]), generator=generator) * 3}
+                for micro in micro_batches]
+    results = {}
+    for name, coefficient, micros in (("plain", 0.0, micro_batches), ("ignored", 0.0, with_ref),
+                                      ("kl", 0.25, with_ref)):
+        trainer = DemoTrainer(initial_model(0), Parallelism.single_process(), kl_coefficient=coefficient)
+        results[name] = trainer.forward_backward(
+            micro_batches=micros, images=images, schedule=schedule_from_plan(plan, encoder="vision"),
+            global_loss_tokens=plan.backbone.minibatch_loss_tokens)
+    assert results["ignored"].loss == results["plain"].loss and results["plain"].kl == 0.0
+    assert results["kl"].kl > 0
+    assert results["kl"].loss == pytest.approx(results["plain"].loss + 0.25 * results["kl"].kl, rel=1e-6)
+    assert results["kl"].loss_tokens == results["plain"].loss_tokens == plan.backbone.minibatch_loss_tokens

@@ -38,11 +38,15 @@ class Checks:
     images_match: bool
     loss_decreased: bool
     details: dict = field(default_factory=dict)
+    # With the reference role: every trajectory the actor trained got, byte for byte, the ref_logprobs the
+    # reference attached to it, and the reference (the initial policy) scored each trajectory exactly once.
+    # None: the run had no reference.
+    reference_fields_match: bool | None = None
 
     @property
     def passed(self) -> bool:
         return self.trained_exactly_once and self.quotas_held and self.bytes_match and self.images_match \
-            and self.loss_decreased
+            and self.loss_decreased and self.reference_fields_match is not False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +216,51 @@ def check_run(
         loss_decreased=finite and len(means) >= 2 and means[-1] < means[0],
         details=details,
     )
+
+
+def check_reference(
+    records: list[dict],
+    pieces: list[dict],
+    admissions: dict[int, dict],
+    attached: list[dict],
+    *,
+    initial_policy: str,
+    field_name: str = "ref_logprobs",
+) -> tuple[bool, dict]:
+    """``reference_fields_match`` and its details: the actor ranks' received pieces of ``field_name`` (the
+    zigzag CP chunks of each trajectory's label-aligned values) reassemble, per trajectory, to the bytes a
+    reference rank recorded attaching to it; each trajectory of the trained mini-batches was attached exactly
+    once; and every reference rank held the actor's initial policy."""
+    details: dict = {}
+    trained = {t for r in records if r["cp_rank"] == 0 for t in r["trajectories"]}
+    trained_sequences = {r["sequence"] for r in records}
+    planned = {t for s in admissions if s in trained_sequences for t in admissions[s]["trajectory_ids"]}
+    digests = {a["initial_policy"] for a in attached if "initial_policy" in a}
+    scored = [a for a in attached if "trajectory" in a]
+    times = Counter(a["trajectory"] for a in scored)
+    attached_hash = {a["trajectory"]: a["hash"] for a in scored}
+    # Each trajectory of the trained mini-batches scored once; none scored that the actor's steps did not plan.
+    not_once = sorted(t for t in planned | set(times) if times[t] != 1 or t not in planned)
+
+    by_unit: dict[str, list[dict]] = defaultdict(list)
+    units_of: dict[str, set[str]] = defaultdict(set)
+    for piece in pieces:
+        if piece["field"] == field_name:
+            by_unit[piece["key"]].append(piece)
+            units_of[piece["trajectory"]].add(piece["key"])
+    received = received_hashes(by_unit)
+    mismatched = sorted(t for t in trained if len(units_of[t]) != 1
+                        or received[next(iter(units_of[t]))] != attached_hash.get(t))
+    details["reference_trajectories_checked"] = len(trained)
+    details["reference_attached"] = len(scored)
+    if not_once:
+        details["reference_not_exactly_once"] = not_once[:10]
+    if mismatched:
+        details["reference_mismatched"] = mismatched[:10]
+    if digests != {initial_policy}:
+        details["reference_policies"] = sorted(digests)
+    passed = bool(trained) and not not_once and not mismatched and digests == {initial_policy}
+    return passed, details
 
 
 def format_table(rows: list[StepRow]) -> str:

@@ -27,16 +27,19 @@ import grpc
 
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings, open_channel
+from knittrans.demo.reference_rank import reference_records_path
 from knittrans.demo.stack.namespaces import Node
 from knittrans.demo.stack.report import (
     DemoReport,
     build_rows,
+    check_reference,
     check_run,
     format_table,
     load_manifests,
     plot,
     read_jsonl,
 )
+from knittrans.demo.stack.roles import reference_consumers, with_reference_role
 from knittrans.demo.stack.settings import DEFAULT_OUT, SOURCES, DemoSettings, StoreKind
 from knittrans.job import FileLease, JobLeaseHeld
 from knittrans.launch.mooncake import SHORT_LEASE_TTL_MS
@@ -149,14 +152,14 @@ class DemoStack(LocalStack):
             # Chaos trainer ranks restore checkpoints and get the mini-batches after them again: the units stay
             # until a reported checkpoint covers their step (global rank 0 reports one after every step).
             config["retain_until_checkpoint"] = True
-        return config
+        return with_reference_role(config, settings) if settings.with_reference else config
 
     def consumers(self) -> list[ConsumerId]:
         settings = self.settings
         backbone = [ConsumerId(role="backbone", dp_rank=d, cp_rank=c) for d in range(settings.dp)
                     for c in range(settings.cp)]
         encoders = [ConsumerId(role=f"encoder:{ENCODER}", dp_rank=d) for d in range(settings.encoder_dp)]
-        return backbone + encoders
+        return backbone + encoders + reference_consumers(settings)  # the backbone's first: global rank order
 
     def start_trainers(self) -> None:
         settings = self.settings
@@ -179,12 +182,22 @@ class DemoStack(LocalStack):
             ],
             "out": str(self.out),
             "chaos": settings.chaos.enabled,
+            "kl_coefficient": settings.kl_coefficient if settings.with_reference else 0.0,
         }
         path = self.out / "run.json"
         path.write_text(json.dumps(run, indent=2))
         for rank in range(settings.world_size):
             self.group.start(f"trainer-rank{rank}", self._on(2, [self.python, "-m", "knittrans.demo.trainer_rank",
                                                                  str(path), str(rank)]), service=False)
+
+    def start_references(self) -> None:
+        """One reference rank per reference DP rank, each on its ``role:reference`` sidecar (none without it)."""
+        for consumer in reference_consumers(self.settings):
+            self.group.start(f"reference-rank{consumer.dp_rank}", self._on(2, [
+                self.python, "-m", "knittrans.demo.reference_rank", "--admission", self.admission_address,
+                "--sidecar", f"unix:{default_socket_path(self.job, consumer)}", "--store", self._store_url_on(2),
+                "--namespace", self.job, "--dp-rank", str(consumer.dp_rank), "--seed", str(self.settings.seed),
+                "--steps", str(self.settings.num_steps), "--out", str(self.out)]), service=False)
 
     def start_rollout(self) -> None:
         settings = self.settings
@@ -323,6 +336,7 @@ def _run_holding(settings: DemoSettings, nodes: Sequence[Node], job: str, out: P
         print("Prometheus can scrape:", *stack.metrics_urls, sep="\n  ", file=sys.stderr)
         stack.watch_admissions()
         stack.start_trainers()
+        stack.start_references()
         stack.start_rollout()
         deadline = time.monotonic() + settings.timeout_seconds
         with AdmissionClient(stack.admission_address) as client:
@@ -331,7 +345,7 @@ def _run_holding(settings: DemoSettings, nodes: Sequence[Node], job: str, out: P
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the demo did not finish in {settings.timeout_seconds:.0f}s")
 
-            stack.group.wait_all(lambda p: p.name.startswith(("trainer", "rollout")), poll=poll)
+            stack.group.wait_all(lambda p: p.name.startswith(("trainer", "reference", "rollout")), poll=poll)
             stack.show_progress(client)
         progress.end_line()
         admissions = dict(stack.admissions)
@@ -348,6 +362,11 @@ def _run_holding(settings: DemoSettings, nodes: Sequence[Node], job: str, out: P
                        num_minibatches=settings.num_minibatches)
     if keys_left is not None:
         checks = replace(checks, details={**checks.details, "store_keys_after_release": keys_left})
+    if settings.with_reference:
+        attached = [a for d in range(settings.reference_dp) for a in read_jsonl(reference_records_path(out, d))]
+        initial = json.loads((out / "initial-policy.json").read_text())["digest"]
+        matched, details = check_reference(records, pieces, admissions, attached, initial_policy=initial)
+        checks = replace(checks, reference_fields_match=matched, details={**checks.details, **details})
     report = DemoReport(steps=tuple(rows), checks=checks, bytes_read=bytes_read, bytes_needed=bytes_needed,
                         metrics_urls=tuple(stack.metrics_urls), job=stack.job, out=str(out),
                         settings={k: str(v) for k, v in asdict(settings).items()})
