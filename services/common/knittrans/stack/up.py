@@ -93,7 +93,7 @@ def _cp_tp(topology: Topology, role: str) -> tuple[int, int]:
 
 def serve(settings: StackSettings, *, stdout: TextIO, stderr: TextIO) -> int:
     """Start the stack, write the connection file, run until a signal; see the module docstring."""
-    from knittrans.admission.service.ledger import all_consumers
+    from knittrans.admission.service.roles import all_consumers
 
     job = settings.job or f"up-{uuid.uuid4().hex[:8]}"
     topology = settings.topology
