@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
+from knittrans.admission.service.compact_columns import compact_columns
 from knittrans.admission.service.rank_batches import merge_batches
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.plan.rank_proto import consumer_assignment_from_rank_proto, rank_assignment_from_proto
@@ -159,3 +160,14 @@ def test_each_cp_rank_decodes_from_the_rank_batch_what_the_per_item_messages_giv
             assert stored_units(events[0]) == stored_units(events[1])
             assert [events[0].unit(i) for i in range(events[0].num_units)] == [
                 events[1].unit(i) for i in range(events[1].num_units)]
+
+
+@given(parts=reports(), data=st.data())
+@settings(max_examples=30, deadline=None)
+def test_the_kept_compact_columns_cut_the_same_batch_as_the_reported_ones(parts, data) -> None:
+    """The ledger keeps each report's columns compacted (packed digests, constant columns as views)."""
+    for part in parts:
+        columns = TrajectoryColumns.from_proto(batch_from_metas(part))
+        rows = data.draw(st.lists(st.integers(0, len(part) - 1), max_size=8))
+        assert compact_columns(columns).take(rows) == columns.take(rows)
+        assert metas_from_batch(compact_columns(columns).take(rows)) == tuple(part[r] for r in rows)
