@@ -16,6 +16,7 @@ from knittrans.admission.service.app import start_admission_service
 from knittrans.client.admission import AdmissionClient, ProgressStage, ReportOutcome
 from knittrans.client.connection import ConnectionSettings, open_channel
 from knittrans.errors import FailedPrecondition, InvalidArgument, Unauthenticated
+from knittrans.plan.rank_proto import rank_assignment_from_proto
 from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2 as pb
 from knittrans.v1 import admission_service_pb2_grpc
@@ -323,7 +324,8 @@ async def test_a_dp_rank_s_cp_streams_carry_the_same_bytes_and_name_only_their_o
         assert first == second
         response = pb.WatchAssignmentsResponse.FromString(first)
         assert response.WhichOneof("part") == "rank_assignment" and not response.admission.trajectory_ids
-        own = {i.trajectory.trajectory_id for m in response.rank_assignment.microbatches for i in m.items}
+        own = {i.trajectory.trajectory_id  # decoded: the rank's trajectories travel as one batch of columns
+               for m in rank_assignment_from_proto(response.rank_assignment).microbatches for i in m.items}
         assert not any(t.encode() in first for t in admitted - own)
         assert cut[ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=0)] == own
         assert cut[ConsumerId(role="backbone", dp_rank=dp_rank, cp_rank=1)] == own

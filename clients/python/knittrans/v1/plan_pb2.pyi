@@ -173,18 +173,20 @@ class ConsumerAssignment(_message.Message):
     def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., minibatch_loss_tokens: _Optional[int] = ..., cp: _Optional[int] = ..., microbatches: _Optional[_Iterable[_Union[MicroBatchAssignment, _Mapping]]] = ..., encoder_microbatches: _Optional[_Iterable[_Union[EncoderMicroBatchAssignment, _Mapping]]] = ...) -> None: ...
 
 class RankAssignment(_message.Message):
-    __slots__ = ("consumer", "minibatch_loss_tokens", "cp", "label_fields", "microbatches")
+    __slots__ = ("consumer", "minibatch_loss_tokens", "cp", "label_fields", "microbatches", "trajectories")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     MINIBATCH_LOSS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CP_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELDS_FIELD_NUMBER: _ClassVar[int]
     MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     consumer: _topology_pb2.ConsumerId
     minibatch_loss_tokens: int
     cp: int
     label_fields: _containers.RepeatedScalarFieldContainer[str]
     microbatches: _containers.RepeatedCompositeFieldContainer[RankMicroBatch]
-    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., minibatch_loss_tokens: _Optional[int] = ..., cp: _Optional[int] = ..., label_fields: _Optional[_Iterable[str]] = ..., microbatches: _Optional[_Iterable[_Union[RankMicroBatch, _Mapping]]] = ...) -> None: ...
+    trajectories: _trajectory_pb2.TrajectoryBatch
+    def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., minibatch_loss_tokens: _Optional[int] = ..., cp: _Optional[int] = ..., label_fields: _Optional[_Iterable[str]] = ..., microbatches: _Optional[_Iterable[_Union[RankMicroBatch, _Mapping]]] = ..., trajectories: _Optional[_Union[_trajectory_pb2.TrajectoryBatch, _Mapping]] = ...) -> None: ...
 
 class RankMicroBatch(_message.Message):
     __slots__ = ("index", "last", "num_loss_tokens", "items")

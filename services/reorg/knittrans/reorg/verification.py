@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from knittrans.errors import StoreError, StoreFullError
 from knittrans.reorg.assignments import AssignmentEvent
@@ -59,6 +60,19 @@ def stored_units(event: AssignmentEvent) -> list[StoredUnit]:
                                     microbatch_index=index)
 
     message, decoded = event.message, event.decoded
+    if event.rank is not None and event.rank.HasField("trajectories"):  # the rank's trajectories as columns
+        batch = event.rank.trajectories
+        unit_offsets = [0, *accumulate(batch.unit_counts)]
+        keys, kinds, lengths = batch.unit_keys, batch.unit_kinds, batch.unit_headers.byte_lengths
+        row = 0
+        for index, rank_micro in enumerate(event.rank.microbatches):
+            for _ in rank_micro.items:
+                trajectory_id = batch.trajectory_ids[row]
+                for k in range(unit_offsets[row], unit_offsets[row + 1]):
+                    if kinds[k] in _READ_KINDS:
+                        add(keys[k], lengths[k], trajectory_id, index)
+                row += 1
+        return list(units.values())
     if event.rank is not None:  # a DP rank's part: every CP rank reads every field unit of its items
         for index, rank_micro in enumerate(event.rank.microbatches):
             for rank_item in rank_micro.items:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
+from knittrans.admission.service.rank_batches import gather_columns
 from knittrans.admission.service.route_wire import RouteWire
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns, gather_index
 from knittrans.errors import InvalidArgument
@@ -41,6 +42,19 @@ class MiniBatchRows:
     reference_kinds: list[int]  # proto UnitKind numbers
     reference_offsets: list[int]  # per trajectory, into the references
     _messages: dict[int, trajectory_pb2.TrajectoryMetadata] = field(default_factory=dict)
+    _gathered: list[tuple[TrajectoryColumns, np.ndarray]] = field(default_factory=list)
+
+    def batch(self, trajectories: Sequence[int]) -> trajectory_pb2.TrajectoryBatch:
+        """These trajectories' columns, in this order (what a DP rank's assignment carries): cut from the
+        mini-batch's columns, gathered from its reports once (:func:`.rank_batches.gather_columns`)."""
+        if not self._gathered:
+            self._gathered.append(gather_columns(self.located))
+        columns, position = self._gathered[0]
+        return columns.take(position[np.asarray(trajectories, dtype=np.int64)])
+
+    def release_batches(self) -> None:
+        """Drop the gathered columns (kept only while the mini-batch's parts are built)."""
+        self._gathered.clear()
 
     def message(self, t: int) -> trajectory_pb2.TrajectoryMetadata:
         """Trajectory t's message: the one it came in, or built from its columns once, when the first consumer
@@ -187,6 +201,7 @@ class MiniBatchDispatch:
     def release_views(self) -> None:
         """Every part is built: drop the views (a later build, say for a reconnecting stream, makes them again)."""
         self._views = None
+        self.rows.release_batches()
 
     # ---- backbone ------------------------------------------------------------------------------------------
 
@@ -198,27 +213,36 @@ class MiniBatchDispatch:
         per_rank = self.layout.backbone.microbatches_per_rank
         offsets, members = views.microbatch_offsets, views.microbatch_items
         padded, first, encodings = views.padded_tokens, rows.reference_offsets, views.reference_encodings
-        message = self._message or rows.message
+        # The trajectories go as the rank's batch of columns, unless a trainer role's consumers see them changed
+        # (attached units, no media): those are built message by message.
+        message = self._message
         microbatches = []
+        members_in_order: list[int] = []
         for j in range(per_rank):
             g = dp_rank * per_rank + j
             items = []
             for t in members[offsets[g]:offsets[g + 1]]:
-                item = {"trajectory_index": t, "trajectory": message(t), "padded_tokens": padded[t]}
+                item = {"trajectory_index": t, "padded_tokens": padded[t]}
+                if message is not None:
+                    item["trajectory"] = message(t)
                 start, end = first[t], first[t + 1]
                 if end > start:
                     item["first_reference"] = start
                     item["reference_encodings"] = encodings[start:end]
                 items.append(item)
+            members_in_order.extend(members[offsets[g]:offsets[g + 1]])
             microbatches.append({"index": j, "last": j == per_rank - 1,
                                  "num_loss_tokens": views.microbatch_loss_tokens[g], "items": items})
-        return {
+        fields = {
             "consumer": {"role": self.role, "dp_rank": dp_rank, "cp_rank": 0},
             "minibatch_loss_tokens": self.minibatch_loss_tokens,
             "cp": self.topology.backbone.cp,
             "label_fields": sorted(self.label_fields),
             "microbatches": microbatches,
         }
+        if message is None:
+            fields["trajectories"] = rows.batch(members_in_order)
+        return fields
 
     # ---- encoders ------------------------------------------------------------------------------------------
 

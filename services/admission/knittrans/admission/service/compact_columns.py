@@ -61,6 +61,11 @@ class PackedHashes(Sequence[str]):
         text = self._raw.hex()
         return (text[i : i + _DIGEST_CHARS] for i in range(0, len(text), _DIGEST_CHARS))
 
+    def gather(self, rows: np.ndarray) -> list[str]:
+        """The digests at ``rows`` (an index array), in order: one hex conversion, not one lookup per digest."""
+        raw = np.frombuffer(self._raw, dtype=np.uint8).reshape(-1, _DIGEST_BYTES)[rows].tobytes().hex()
+        return [raw[i : i + _DIGEST_CHARS] for i in range(0, len(raw), _DIGEST_CHARS)]
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackedHashes):
             return self._raw == other._raw

@@ -114,7 +114,8 @@ class HeaderColumns:
             has_seq_axis=self.has_seq_axis[rows].tolist(),
             seq_axes=self.seq_axes[rows].tolist(),
             byte_lengths=self.byte_lengths[rows].tolist(),
-            content_hashes=[self.content_hashes[k] for k in rows.tolist()],
+            content_hashes=gather(rows) if (gather := getattr(self.content_hashes, "gather", None)) is not None
+            else [self.content_hashes[k] for k in rows.tolist()],
             chunk_tokens=self.chunk_tokens[rows].tolist(),
         )
 
