@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from knittrans.shm import list_segments
 from tests.doc_blocks import ROOT, bash_blocks, commands
@@ -48,6 +49,8 @@ def test_chaos_run_passes_with_faults_injected(tmp_path: Path, command: str) -> 
     assert len(details.get("lost_with_a_unit", [])) == min(details["lost"], 10)
     out = Path(summary["out"])
     assert json.loads((out / "chaos-report.json").read_text()) == summary
+    # The admission service journals in the run's Redis: in memory, its kills would lose the job's state.
+    assert yaml.safe_load((out / "admission.yaml").read_text())["state"].startswith("redis://")
     assert running_with(str(out)) == []
     assert list_segments(f"knittrans-{summary['job']}") == []
     assert not Path(f"/tmp/knittrans-{summary['job']}").exists()

@@ -151,6 +151,7 @@ def _start_backends(stack: DemoStack) -> tuple[str, object, object]:
 
     redis = start_redis(stack.out / "redis")
     stack.extras.append(redis)
+    stack.state_url = redis.url  # the admission service journals here, so that it survives its kills
     config = MooncakeClusterConfig(lease_ttl_ms=DEMO_LEASE_TTL_MS)
     master = start_master(config, log_dir=stack.out / "logs")
     stack.extras.append(master)

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from knittrans.errors import FailedPrecondition
 from knittrans.reorg.settings import default_socket_path
 from knittrans.shm import remove_segments
 from knittrans.stack.processes import ProcessGroup
@@ -101,6 +102,11 @@ class LocalStack:
 
     def start_admission(self, config: Mapping[str, Any]) -> str:
         """The admission service with ``config`` (its own schema) plus this stack's job, state, store and port."""
+        declared = config.get("state")
+        if declared is not None and declared != self.state_url:  # a state started elsewhere was not handed over
+            raise FailedPrecondition(f"the admission config names state {declared!r}, but this stack's state is "
+                                     f"{self.state_url!r} (set state_url, or start it with start_state)",
+                                     field="state")
         full = {**config, "job": self.job, "state": self.state_url, "store": self.store_url}
         server = dict(full.get("server") or {})
         full["server"] = {**server, "port": self.admission_port,
