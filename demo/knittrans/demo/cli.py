@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +42,48 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     return _run
 
 
+class StopSignal(KeyboardInterrupt):
+    """SIGINT or SIGTERM: the run stops as on Ctrl-C (every ``except KeyboardInterrupt`` and ``finally`` runs)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM (a CI runner, Kubernetes, ``timeout``) stops the run as Ctrl-C does; once one came, later ones are
+    ignored, so that they cannot cut the clean-up short. (Its processes also die with it if it is killed:
+    :mod:`knittrans.launch.lifetime`.)"""
+    stopping = [False]
+
+    def handle(signum: int, _frame: object) -> None:
+        if not stopping[0]:
+            stopping[0] = True
+            raise StopSignal(signum)
+
+    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _stopped(interrupt: KeyboardInterrupt, what: str) -> int:
+    """Say which signal stopped the run; its status is the shell's for that signal (130 for Ctrl-C, 143 for
+    SIGTERM)."""
+    signum = interrupt.signum if isinstance(interrupt, StopSignal) else signal.SIGINT
+    print(f"\nknittrans demo: stopped by {signal.Signals(signum).name}; {what}", file=sys.stderr)
+    return 128 + signum
+
+
 def _run(args: argparse.Namespace) -> int:
+    with stop_on_signals():
+        return _run_settings(args)
+
+
+def _run_settings(args: argparse.Namespace) -> int:
     from knittrans.demo.chaos.schedule import parse_targets
     from knittrans.demo.stack.settings import DemoSettings
     from knittrans.errors import FailedPrecondition
@@ -68,9 +111,8 @@ def _run(args: argparse.Namespace) -> int:
         except FailedPrecondition as failure:  # no namespaces here (not root, no `ip`): says why
             print(f"\nknittrans demo: {failure}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            print("\nknittrans demo: interrupted; every node was torn down", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as interrupt:
+            return _stopped(interrupt, "every node was torn down")
     return run_and_summarize(settings)
 
 
@@ -87,9 +129,8 @@ def run_chaos_and_summarize(settings: DemoSettings) -> int:
     except (ProcessFailed, FailedPrecondition) as failure:
         print(f"\nknittrans demo: {failure}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\nknittrans demo: interrupted; every process was stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        return _stopped(interrupt, "every process was stopped")
     print(json.dumps(report.summary(), indent=2))
     print(report.line())
     return 0 if report.verdict.passed else 1
@@ -109,9 +150,8 @@ def run_and_summarize(settings: DemoSettings, nodes: Sequence[Node] = ()) -> int
     except FailedPrecondition as failure:  # a backend (Redis, Mooncake) that could not start says why
         print(f"\nknittrans demo: {failure}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\nknittrans demo: interrupted; every process was stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        return _stopped(interrupt, "every process was stopped")
     out = Path(report.out)
     checks = report.checks
     print(f"\nbytes read by the sidecars: {report.bytes_read:,}  needed by the plans: {report.bytes_needed:,}")

@@ -23,7 +23,6 @@ shortest lease used where reads cross a network (the demo, the multi-node test);
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import shutil
 import signal
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from knittrans.addresses import advertised_host, host_port
 from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.launch import lifetime
 from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 
@@ -49,7 +49,6 @@ MIB = 1 << 20
 DEFAULT_LEASE_TTL_MS = 10_000  # Mooncake's own default
 # Outlasts a 64 MiB get at 1 Gbit/s almost four times over (module docstring); still releases memory promptly.
 SHORT_LEASE_TTL_MS = 2_000
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,16 +194,6 @@ def _stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             process.wait()
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the launching process dies, so a crashed test run or
-    demo leaves no orphaned master holding memory. (Linux; elsewhere the child simply survives.)"""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
 def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
@@ -213,7 +202,7 @@ def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subp
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=lifetime.die_with_parent if die_with_parent else None,
         )
 
 

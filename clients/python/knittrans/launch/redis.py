@@ -16,6 +16,7 @@ from pathlib import Path
 
 from knittrans.addresses import advertised_host, host_port, is_loopback
 from knittrans.errors import FailedPrecondition
+from knittrans.launch import lifetime
 from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 
@@ -60,12 +61,14 @@ def start_redis(
     timeout: float = 15.0,
     bind_host: str = "127.0.0.1",
     advertise_host: str = "",
+    die_with_parent: bool = True,
 ) -> RedisServer:
     """Start redis-server with ``appendonly yes`` and ``appendfsync always``, so acknowledged writes survive.
 
     It listens on ``bind_host``; :attr:`RedisServer.url` names the advertised host. Protected mode stays on, and
     it refuses clients from other addresses while there is no password: so a server bound beyond loopback gets
-    a random password, which its URL carries."""
+    a random password, which its URL carries. With ``die_with_parent`` (the default) the kernel stops it when this
+    process dies without calling :meth:`RedisServer.stop` (:mod:`knittrans.launch.lifetime`)."""
     host = advertised_host(bind_host, advertise_host)
     password = "" if is_loopback(bind_host) else secrets.token_hex(16)
     binary = shutil.which("redis-server")
@@ -90,6 +93,7 @@ def start_redis(
              "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
              "--daemonize", "no", "--logfile", str(log_path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=lifetime.die_with_parent if die_with_parent else None,
         )
         try:
             wait_until(partial(_exited_or_listening, process, host, chosen),

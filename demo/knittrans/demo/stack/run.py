@@ -68,7 +68,8 @@ class DemoStack(LocalStack):
 
     def __init__(self, settings: DemoSettings, out: Path, progress: Progress, nodes: Sequence[Node] = (), *,
                  job: str) -> None:
-        super().__init__(job=job, work_dir=out)
+        # Its processes die with this driver, even when it is killed (as ``knittrans up``'s do).
+        super().__init__(job=job, work_dir=out, stop_with_parent=True)
         self.settings = settings
         self.nodes = tuple(nodes)  # empty: everything on this machine, on loopback
         self.out = out

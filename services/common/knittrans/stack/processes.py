@@ -7,7 +7,6 @@ on normal exit, on Ctrl-C and on failure alike.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -20,19 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from knittrans.errors import FailedPrecondition
+from knittrans.launch.lifetime import die_with_parent
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 10.0
-_PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def _terminate_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that started it dies, even by SIGKILL, so that a
-    killed supervisor leaves no orphaned servers (each child is its own session, out of reach of the terminal's
-    signals)."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 @dataclass
 class ManagedProcess:
@@ -158,7 +149,7 @@ class ProcessGroup:
                 managed._log_file = None
 
     def _preexec(self) -> Callable[[], None] | None:
-        return _terminate_with_parent if self.stop_with_parent else None
+        return die_with_parent if self.stop_with_parent else None
 
     @staticmethod
     def _signal(managed: ManagedProcess, signum: int) -> None:
