@@ -122,7 +122,7 @@ def clean_job():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        remove_segments(f"knittrans-{job}")
+        remove_segments(f"knittrans-{job}@")
         shutil.rmtree(f"/dev/shm/knittrans-{job}", ignore_errors=True)
         shutil.rmtree(f"/tmp/knittrans-{job}", ignore_errors=True)
 
