@@ -66,7 +66,12 @@ class MiniBatchPlans:
         if self._inline(minibatch.trajectory_ids) or self._ledger.planned(minibatch) is not None \
                 or (minibatch.sequence, "") in self._making:
             return
-        self._track(minibatch, "", self._submit(self._ledger.dispatch_planner(minibatch)))
+        try:
+            planner = self._ledger.dispatch_planner(minibatch)
+        except Exception:  # the admission is applied: its report is answered; the streams plan again and report it
+            logger.debug("starting mini-batch %d's plan failed", minibatch.sequence, exc_info=True)
+            return
+        self._track(minibatch, "", self._submit(planner))
 
     async def dispatch(self, minibatch: AdmittedMiniBatch, role: str = "") -> MiniBatchDispatch:
         """The mini-batch's plan for the consumers of ``role`` (a ConsumerId.role), made once."""
