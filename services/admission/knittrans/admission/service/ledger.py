@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from knittrans.admission.engine import AdmissionState, EngineConfig, PoolEntries
@@ -431,28 +431,45 @@ class AdmissionLedger:
 
     def dispatch(self, minibatch: AdmittedMiniBatch, role: str = "") -> MiniBatchDispatch:
         """The mini-batch's plan for the consumers of ``role`` (a ConsumerId.role; a trainer role's is its own): a
-        pure function of its metadata and the topology, so never journaled."""
-        group = group_of_role(role)
-        planned = minibatch.role_dispatches.get(group) if group else minibatch.dispatch
+        pure function of its metadata and the topology, so never journaled. Planned here, when not yet planned."""
+        planned = self.planned(minibatch, role)
         if planned is None:
-            if any(trajectory_id not in self._rows for trajectory_id in minibatch.trajectory_ids):
-                raise FailedPrecondition(f"mini-batch {minibatch.sequence} is already released")
-            rows = minibatch.dispatch.rows if minibatch.dispatch is not None else None
-            planned = self.plan_dispatch(minibatch.trajectory_ids, group, rows=rows)
-            minibatch.keep_dispatch(group, planned)
+            planned = self.dispatch_planner(minibatch, role)()
+            minibatch.keep_dispatch(group_of_role(role), planned)
         return planned
 
-    def plan_dispatch(self, trajectory_ids: Sequence[TrajectoryId], role: str = "", *,
-                      rows: MiniBatchRows | None = None) -> MiniBatchDispatch:
-        """The plan of a mini-batch of these live trajectories; it reads their metadata and changes nothing, so
-        the servicer may compute it while the admission's journal record is being written."""
+    def planned(self, minibatch: AdmittedMiniBatch, role: str = "") -> MiniBatchDispatch | None:
+        """The mini-batch's plan for the consumers of ``role``, if it was planned already."""
+        group = group_of_role(role)
+        return minibatch.role_dispatches.get(group) if group else minibatch.dispatch
+
+    def dispatch_planner(self, minibatch: AdmittedMiniBatch, role: str = "") -> Callable[[], MiniBatchDispatch]:
+        """What planning the mini-batch for the consumers of ``role`` reads, taken from the ledger now: a function
+        that plans it and reads nothing the ledger changes, so it may run on another thread (:meth:`planner`)."""
+        group = group_of_role(role)
+        if any(trajectory_id not in self._rows for trajectory_id in minibatch.trajectory_ids):
+            raise FailedPrecondition(f"mini-batch {minibatch.sequence} is already released")
+        rows = minibatch.dispatch.rows if minibatch.dispatch is not None else None
+        return self.planner(minibatch.trajectory_ids, group, rows=rows)
+
+    def planner(self, trajectory_ids: Sequence[TrajectoryId], role: str = "", *,
+                rows: MiniBatchRows | None = None) -> Callable[[], MiniBatchDispatch]:
+        """A function that plans a mini-batch of these live trajectories. Where their rows are is looked up now;
+        the function then reads only those rows' columns (never changed: a merge or a release replaces or drops a
+        block, it does not change its columns) and the settings, so it may run off the event loop, even while
+        the admission's journal record is being written."""
         if rows is None:
             located = []
             for trajectory_id in trajectory_ids:
                 block, row = self._locate(trajectory_id)
                 located.append((block.columns, row))
-            rows = gather_rows(located)
-        return role_dispatch(rows, self.settings.topology, self.settings.label_fields, role, self.attachments)
+        settings, attachments = self.settings, self.attachments  # attachments are read when messages are built
+
+        def plan() -> MiniBatchDispatch:
+            gathered = rows if rows is not None else gather_rows(located)
+            return role_dispatch(gathered, settings.topology, settings.label_fields, role, attachments)
+
+        return plan
 
     def awaits_verification(self, consumer: ConsumerId, sequence: int) -> bool:
         """Whether ``consumer``'s VERIFIED of ``sequence`` would change anything (otherwise it is not journaled)."""

@@ -36,6 +36,7 @@ from knittrans.admission.service.journal import Journal
 from knittrans.admission.service.journaled import DEFAULT_MUTATION_WAIT, JournaledCommits
 from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict
 from knittrans.admission.service.metrics import AdmissionMetrics
+from knittrans.admission.service.plans import MiniBatchPlans
 from knittrans.admission.service.records import failure_consumer, record_for
 from knittrans.admission.service.responses import (
     outcome_counts,
@@ -104,6 +105,8 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         # part as soon as it is ready. One thread, so a mini-batch's shared views are never built twice at once.
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="assignments")
         self._messages = AssignmentMessages(self._builder, inline_trajectories=INLINE_BUILD_TRAJECTORIES)
+        # Plans are made on the same thread, before their messages; what they read is taken on the loop.
+        self._plans = MiniBatchPlans(ledger, self._builder, inline_trajectories=INLINE_BUILD_TRAJECTORIES)
         self._last_admission_at: float | None = None
         self._failure: str = ""
         self._closed = False
@@ -157,18 +160,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
 
     async def _commit_admission(self, record: journal_pb2.JournalRecord, admit: Admit) -> Applied:
         """Commit an admission, planning its mini-batch while the journal writes the record: the plan reads only
-        the metadata, and the assignments are dispatched only once the record is durable and applied."""
+        the metadata, and the assignments are dispatched only once the record is durable and applied. A large
+        mini-batch is planned off the loop, so the report that admitted it is answered without waiting for it."""
         writing = asyncio.ensure_future(self._commits.append(record))
-        await asyncio.sleep(0)  # let the write go out before planning takes the loop
-        try:
-            dispatch = self._ledger.plan_dispatch(admit.trajectory_ids)
-        except Exception:  # planning ahead must not stop the commit: the streams plan again and report the error
-            logger.debug("planning mini-batch ahead of its commit failed", exc_info=True)
-            dispatch = None
+        await asyncio.sleep(0)  # let the write go out before planning (a small mini-batch's) takes the loop
+        ahead = self._plans.ahead(admit.trajectory_ids)
         await writing
         applied = self._commits.apply(record) or Applied()
-        if applied.admitted is not None and dispatch is not None:
-            applied.admitted.dispatch = dispatch
+        if applied.admitted is not None and ahead is not None:
+            self._plans.adopt(applied.admitted, ahead)
         await self._after(applied, record.at)
         return applied
 
@@ -190,10 +190,12 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             async with self._published:  # a trainer role may be dispatched a mini-batch now (attachments)
                 self._published.notify_all()
         if applied.admitted is not None:
+            self._plans.start(applied.admitted)  # a large one off the loop, before any stream asks
             async with self._published:
                 self._published.notify_all()
-            # Let the woken assignment streams queue their builds before this call goes on (its metrics, its next
-            # decision, its response); they are built off the loop, so the response does not wait for them.
+            # Let the woken assignment streams ask for their messages before this call goes on (its metrics, its
+            # next decision, its response); a large mini-batch's plan and messages are made off the loop, so the
+            # response does not wait for them.
             await asyncio.sleep(0)
             self._on_admitted(applied.admitted, at)
         if applied.dropped:
@@ -332,7 +334,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             for minibatch in pending:  # in sequence order
                 if not ready_for(self._ledger, minibatch, role):
                     break  # a trainer role's fields are not all attached yet: wait for them
-                dispatch = self._ledger.dispatch(minibatch, role)  # reads the ledger: on the loop
+                dispatch = await self._plans.dispatch(minibatch, role)  # off the loop unless small
                 # Serialised once per DP rank (the boundary sends bytes as they are); built off the loop.
                 yield await self._messages.response(minibatch, dispatch, consumer,
                                                     include_trajectory_ids=request.include_trajectory_ids)
