@@ -9,8 +9,9 @@ of the wrong length names ``<path>.<column>``, an invalid trajectory ``<path>[i]
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import accumulate
+from typing import Any, TypeVar
 
 from knittrans.errors import InvalidArgument, within
 from knittrans.types import MultimodalRef, TokenSpan, TrajectoryMeta, UnitHeader, UnitKey, UnitRef, VersionSegment
@@ -20,19 +21,21 @@ from knittrans.wire.enums import ALIGNMENT_FROM_PROTO, COVERAGE_FROM_PROTO, DTYP
 from knittrans.wire.trajectory import TRAJECTORY_COLUMNS
 from knittrans.wire.values import values_from_proto
 
+T = TypeVar("T")
+
 
 def _offsets(counts: Sequence[int]) -> list[int]:
     return [0, *accumulate(counts)]
 
 
-def _check_length(path: str, name: str, values: Sequence, expected: int, *, sparse: bool = False) -> None:
+def _check_length(path: str, name: str, values: Sequence[Any], expected: int, *, sparse: bool = False) -> None:
     if sparse and not len(values):
         return
     if len(values) != expected:
         raise InvalidArgument(f"has {len(values)} values, expected {expected}", field=f"{path}.{name}")
 
 
-def _lookup(table: dict, number: int, what: str) -> object:
+def _lookup(table: Mapping[int, T], number: int, what: str) -> T:
     if number not in table:
         raise InvalidArgument(f"unknown or unspecified {what} {number}")
     return table[number]
@@ -90,8 +93,8 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
     field_names, encoders = list(batch.field_names), list(batch.encoders)
     versions, lengths = list(batch.segment_versions), list(batch.segment_tokens)
     unit_keys, unit_fields, unit_kinds = list(batch.unit_keys), list(batch.unit_fields), list(batch.unit_kinds)
-    alignments = list(batch.unit_alignments) or [0] * units[-1]
-    coverages = list(batch.unit_coverages) or [0] * units[-1]
+    alignments: list[int] = list(batch.unit_alignments) or [0] * units[-1]
+    coverages: list[int] = list(batch.unit_coverages) or [0] * units[-1]
     ref_keys, ref_encoders, costs = list(batch.multimodal_keys), list(batch.multimodal_encoders), list(
         batch.multimodal_costs)
     starts, ends, ref_kinds = list(batch.placeholder_starts), list(batch.placeholder_ends), list(batch.multimodal_kinds)
@@ -104,9 +107,12 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
         return table[index]
 
     def trajectory(i: int) -> TrajectoryMeta:
-        fields = {spec.field: column[i] for spec, column in zip(TRAJECTORY_COLUMNS, plain, strict=True)}
+        fields: dict[str, Any] = {spec.field: column[i] for spec, column in zip(TRAJECTORY_COLUMNS, plain, strict=True)}
         own_values = values[i] if len(values) else None
-        has = own_values is not None and bool(own_values.int_scalars or own_values.bool_scalars or own_values.metadata)
+        converted = NO_VALUES
+        if own_values is not None and (own_values.int_scalars or own_values.bool_scalars or own_values.metadata):
+            carried = own_values
+            converted = within("values", lambda: values_from_proto(carried))
         return TrajectoryMeta(
             **fields,
             segments=tuple(VersionSegment(version=versions[k], num_tokens=lengths[k])
@@ -121,7 +127,7 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
             ),
             multimodal=tuple(
                 within(f"multimodal[{k - refs[i]}]", lambda k=k: MultimodalRef(  # type: ignore[misc]
-                    key=ref_keys[k], encoder=name_of(encoders, ref_encoders[k], "encoders"), cost=costs[k],
+                    key=UnitKey(ref_keys[k]), encoder=name_of(encoders, ref_encoders[k], "encoders"), cost=costs[k],
                     placeholder=TokenSpan(start=starts[k], end=ends[k]),
                     kind=_lookup(UNIT_KIND_FROM_PROTO, ref_kinds[k], "unit kind"),
                     header=ref_headers[header_rows[k]] if has_header[k] else None))
@@ -129,7 +135,7 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
             ),
             scalars=tuple(sorted(zip(scalar_names[scalars[i]:scalars[i + 1]],
                                      scalar_values[scalars[i]:scalars[i + 1]], strict=True))),
-            values=within("values", lambda: values_from_proto(own_values)) if has else NO_VALUES,
+            values=converted,
         )
 
     return tuple(within(f"{path}[{i}]", lambda i=i: trajectory(i)) for i in range(start, stop))  # type: ignore[misc]
