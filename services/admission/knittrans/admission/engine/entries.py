@@ -31,37 +31,21 @@ class PoolEntry:
     def __post_init__(self) -> None:
         # Ids arrive validated (TrajectoryMeta, trace records); the engine only needs bounded non-empty
         # strings, and this runs once per report on the hot path, so the character check is left to them.
-        # One combined test for the usual well-typed entry; the field at fault is found only when it fails.
-        trajectory_id, sample_id, source, ready_at = self.trajectory_id, self.sample_id, self.source, self.ready_at
-        oldest_version, rollout_step, num_tokens = self.oldest_version, self.rollout_step, self.num_tokens
-        if not (
-            type(trajectory_id) is str
-            and type(sample_id) is str
-            and type(source) is str  # the state also checks it against the configured sources
-            and 0 < len(trajectory_id) <= MAX_ID_LENGTH
-            and 0 < len(sample_id) <= MAX_ID_LENGTH
-            and 0 < len(source) <= MAX_ID_LENGTH
-            and type(ready_at) is float
-            and -math.inf < ready_at < math.inf
-            and type(oldest_version) is int
-            and oldest_version >= 0
-            and type(rollout_step) is int
-            and rollout_step >= 0
-            and type(num_tokens) is int
-            and num_tokens >= 0
-            and type(self.accepted) is bool
+        trajectory_id, sample_id, source = self.trajectory_id, self.sample_id, self.source
+        if (
+            type(trajectory_id) is not str
+            or type(sample_id) is not str
+            or type(source) is not str  # the state also checks it against the configured sources
+            or not (0 < len(trajectory_id) <= MAX_ID_LENGTH)
+            or not (0 < len(sample_id) <= MAX_ID_LENGTH)
+            or not (0 < len(source) <= MAX_ID_LENGTH)
         ):
-            self._check_fields()
-
-    def _check_fields(self) -> None:
-        """Raise for the first invalid field; also accepts what the fast test in __post_init__ leaves out
-        (integer and numpy ``ready_at``)."""
-        for name in ("trajectory_id", "sample_id", "source"):
-            value = getattr(self, name)
-            if type(value) is not str or not 0 < len(value) <= MAX_ID_LENGTH:
-                raise InvalidArgument(
-                    f"must be a non-empty string of at most {MAX_ID_LENGTH} characters", field=name
-                )
+            for name in ("trajectory_id", "sample_id", "source"):
+                value = getattr(self, name)
+                if type(value) is not str or not 0 < len(value) <= MAX_ID_LENGTH:
+                    raise InvalidArgument(
+                        f"must be a non-empty string of at most {MAX_ID_LENGTH} characters", field=name
+                    )
         ready_at = self.ready_at
         if not isinstance(ready_at, (float, int)) or type(ready_at) is bool:  # numpy floats subclass float
             raise InvalidArgument(f"must be a number of seconds, got {ready_at!r}", field="ready_at")
