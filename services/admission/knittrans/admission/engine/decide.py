@@ -128,16 +128,15 @@ def _first_unmet_target(view: DecisionView, train_version: int) -> tuple[Blockin
     short_source = _first_short_source(view)
     if short_source is not None:
         return BlockingReason.SOURCE_QUOTA, view.source_details[short_source]
-    completion = view.completion
-    if completion is not None and targets.completion_alpha is not None:
-        unmet = completion.first_unmet(train_version, targets.completion_alpha[minibatch])
-        if unmet is not None:
-            step, completed, target = unmet
-            return (
-                BlockingReason.COMPLETION_QUOTA,
-                f"rollout step {step}: {completed} of {completion.scheduled(step)} scheduled trajectories "
-                f"completed, below its target {target} for mini-batch {minibatch + 1}/{targets.num_minibatches}",
-            )
+    unmet = _first_short_step(view, train_version)
+    if unmet is not None:
+        step, completed, target = unmet
+        assert view.completion is not None
+        return (
+            BlockingReason.COMPLETION_QUOTA,
+            f"rollout step {step}: {completed} of {view.completion.scheduled(step)} scheduled trajectories "
+            f"completed, below its target {target} for mini-batch {minibatch + 1}/{targets.num_minibatches}",
+        )
     return None
 
 
@@ -151,6 +150,15 @@ def _first_short_source(view: DecisionView) -> int | None:
     return None
 
 
+def _first_short_step(view: DecisionView, train_version: int) -> tuple[int, int, int] | None:
+    """The lowest due rollout step below its progressive completion target, as (step, completed, target)."""
+    completion = view.completion
+    alphas = view.targets.completion_alpha
+    if completion is None or alphas is None:
+        return None
+    return completion.first_unmet(train_version, alphas[view.minibatch_index])
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WaitHold:
     """Which reports and declarations leave the wait in force the decision, so a caller that makes them (and
@@ -162,33 +170,49 @@ class WaitHold:
     its size alone: it holds while fewer than ``ready_below`` units are ready. ``source_quota``: source
     ``source`` is the first below its target; reports of other sources only raise their ready counts, so the
     sources before it stay met and it stays short, with the same detail; completion counts are not read.
-    Nothing keeps the other waits (:func:`wait_hold` gives None). A ``completion_quota`` wait's detail counts
-    the completions of its step, the oldest one still short, whose reports are most of those that follow;
-    a ``feasibility`` wait depends on the whole pool. Nor do holds apply to group units, where a completing
-    group may bring in a member reported before the wait, unchecked against ``stale_below``.
+    ``completion_quota``: the sources are met (reports only raise their counts) and ``step`` is the lowest due
+    step below its target. A report of another step s only raises completed(s): a step below ``step`` stays
+    met, since both of its targets are at most max(declared, completed) and completed(s) rises. A declaration
+    can make a step short, or change the detail's scheduled count, so only those of later steps keep the
+    wait. A ``feasibility`` wait depends on the whole pool: nothing keeps it. Nor with group units, where a
+    completing group may bring in a member reported before the wait, unchecked against ``stale_below``.
     """
 
     stale_below: int
     ready_below: int = NO_VERSION
     source: int = -1  # source quotas: reports of this source may end the wait
+    step: int = -1  # completion quotas: reports of this step, and declarations up to it, may end the wait
+    reports_keep: bool = True
 
-    def keeps_report(self, source: int, oldest_version: int, accepted: bool) -> bool:
+    def keeps_report(self, source: int, rollout_step: int, oldest_version: int, accepted: bool) -> bool:
         """Whether adding this report (a trajectory unit of ``source``, by index) leaves the wait in force,
         with :meth:`keeps_ready` on the pool's size once the reports at this time are added."""
-        return accepted and oldest_version >= self.stale_below and source != self.source
+        return (
+            self.reports_keep
+            and accepted
+            and oldest_version >= self.stale_below
+            and source != self.source
+            and rollout_step != self.step
+        )
+
+    def keeps_declaration(self, rollout_step: int) -> bool:
+        """Whether declaring trajectories scheduled at ``rollout_step`` leaves the wait in force."""
+        return self.step < 0 or rollout_step > self.step
 
     def keeps_ready(self, pool_size: int) -> bool:
         return pool_size < self.ready_below
 
 
-def wait_hold(state: AdmissionState, wait: Wait) -> WaitHold | None:
-    """What keeps ``wait`` the decision (see :class:`WaitHold`), or None when nothing does; ``wait`` is what
-    :func:`decide` just returned for ``state``, applied. Pure. Declarations (``add_scheduled``) keep every
-    wait that has a hold: completion counts are read only after the checks that give these waits."""
+_KEEPS_NOTHING = WaitHold(stale_below=NO_VERSION, reports_keep=False, step=NO_VERSION)
+
+
+def wait_hold(state: AdmissionState, wait: Wait) -> WaitHold:
+    """What keeps ``wait`` the decision (see :class:`WaitHold`); ``wait`` is what :func:`decide` just returned
+    for ``state``, applied. Pure."""
     view = state.decision_view
     targets = view.targets
     if targets.admission_unit is AdmissionUnit.GROUP:
-        return None
+        return _KEEPS_NOTHING
     train_version = view.version_base + view.train_batch_index
     bound = targets.staleness_bound
     stale_below = train_version - bound if bound is not None else -1
@@ -201,7 +225,11 @@ def wait_hold(state: AdmissionState, wait: Wait) -> WaitHold | None:
         short_source = _first_short_source(view)
         assert short_source is not None
         return WaitHold(stale_below=stale_below, source=short_source)
-    return None
+    if reason is BlockingReason.COMPLETION_QUOTA:
+        unmet = _first_short_step(view, train_version)
+        assert unmet is not None
+        return WaitHold(stale_below=stale_below, step=unmet[0])
+    return _KEEPS_NOTHING
 
 
 def _forced_picks(view: DecisionView, counts: list[int]) -> tuple[list[int], int]:

@@ -201,7 +201,7 @@ def replay_policy(
     inf = math.inf
     add, apply = state.add, state.apply
     # Deciding again is skipped while the wait in force provably stays the decision: the version is the one it was
-    # decided at, its wake_at has not come, and every report since is one its hold keeps (declarations keep it).
+    # decided at, its wake_at has not come, and every report and declaration since is one its hold keeps.
     hold: WaitHold | None = None
     held_version, held_until = -1, -inf
     if entries is None or entries.trace is not trace:
@@ -227,6 +227,8 @@ def replay_policy(
             while run_end < num_scheduled and schedule_times[run_end] <= now and schedule_steps[run_end] == step:
                 run_end += 1
             state.add_scheduled(step, run_end - next_scheduled)
+            if hold is not None and not hold.keeps_declaration(step):
+                hold = None
             next_scheduled = run_end
         while next_arrival < num_arrivals and arrival_times[next_arrival] == now:
             index = arrivals[next_arrival]
@@ -248,7 +250,9 @@ def replay_policy(
                     accepted=record.accepted,
                 )
             add(entry)
-            if hold is not None and not hold.keeps_report(source_of[record.source], generated, record.accepted):
+            if hold is not None and not hold.keeps_report(
+                source_of[record.source], record.rollout_step, generated, record.accepted
+            ):
                 hold = None
             next_arrival += 1
             if progress is not None and next_arrival % _PROGRESS_EVERY == 0:
