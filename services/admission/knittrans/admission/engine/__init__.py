@@ -33,9 +33,7 @@ Deciding
     Call ``decide`` after every input or version change and keep applying until it returns a
     :class:`Wait`; call it again at ``Wait.wake_at`` if that is set. ``decisions_until_wait(state, now,
     version)`` is that loop, written once: it yields each decision, the caller applies it (or journals, then
-    applies it) before asking for the next. ``wait_hold(state, wait)`` says which new reports and declarations
-    leave an applied wait the decision (:class:`WaitHold`), so a caller that knows them may skip deciding again
-    (the trace replay does).
+    applies it) before asking for the next.
 
     - :class:`Admit` lists the trajectory ids of one mini-batch in policy order, with
       ``train_batch_index``, 0-based ``minibatch_index``, ``train_version`` and ``relaxed``.
@@ -75,7 +73,7 @@ from knittrans.admission.engine.config import (
     OnStarvation,
     StarvationAction,
 )
-from knittrans.admission.engine.decide import WaitHold, decide, decisions_until_wait, wait_hold
+from knittrans.admission.engine.decide import decide, decisions_until_wait
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.entries import PoolEntries, PoolEntry
 from knittrans.admission.engine.quotas import AdmissionTargets, source_quotas
@@ -99,9 +97,7 @@ __all__ = [
     "SourceStatus",
     "StarvationAction",
     "Wait",
-    "WaitHold",
     "decide",
     "decisions_until_wait",
     "source_quotas",
-    "wait_hold",
 ]

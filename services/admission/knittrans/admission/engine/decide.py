@@ -12,13 +12,11 @@ waived (``relax``) or raises :class:`StarvationError` (``fail``).
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import cast
 
 from knittrans.admission.engine.config import StarvationAction
 from knittrans.admission.engine.decisions import Admit, BlockingReason, Decision, Drop, DropReason, Wait
 from knittrans.admission.engine.guard import deficits, plan_forced_picks
-from knittrans.admission.engine.pool import NO_VERSION
 from knittrans.admission.engine.state import AdmissionState
 from knittrans.admission.engine.view import DecisionView
 from knittrans.errors import FailedPrecondition, StarvationError
@@ -125,111 +123,22 @@ def _first_unmet_target(view: DecisionView, train_version: int) -> tuple[Blockin
     """The first per-source or completion target P_{i,t} that does not hold, with a detail message."""
     targets = view.targets
     minibatch = view.minibatch_index
-    short_source = _first_short_source(view)
-    if short_source is not None:
-        return BlockingReason.SOURCE_QUOTA, view.source_details[short_source]
-    unmet = _first_short_step(view, train_version)
-    if unmet is not None:
-        step, completed, target = unmet
-        assert view.completion is not None
-        return (
-            BlockingReason.COMPLETION_QUOTA,
-            f"rollout step {step}: {completed} of {view.completion.scheduled(step)} scheduled trajectories "
-            f"completed, below its target {target} for mini-batch {minibatch + 1}/{targets.num_minibatches}",
-        )
-    return None
-
-
-def _first_short_source(view: DecisionView) -> int | None:
-    """The first source whose ready plus admitted units are below its progressive target."""
     source_targets = view.source_targets
     if source_targets:
         for index, (ready, admitted) in enumerate(zip(view.pool.sizes, view.admitted, strict=True)):
             if ready + admitted < source_targets[index]:
-                return index
-    return None
-
-
-def _first_short_step(view: DecisionView, train_version: int) -> tuple[int, int, int] | None:
-    """The lowest due rollout step below its progressive completion target, as (step, completed, target)."""
+                return BlockingReason.SOURCE_QUOTA, view.source_details[index]
     completion = view.completion
-    alphas = view.targets.completion_alpha
-    if completion is None or alphas is None:
-        return None
-    return completion.first_unmet(train_version, alphas[view.minibatch_index])
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WaitHold:
-    """Which reports and declarations leave the wait in force the decision, so a caller that makes them (and
-    keeps the policy version, before the wait's ``wake_at``) knows :func:`decide` would return it again.
-
-    A wait is decided only with no filtered report pending and no unit below ``stale_below``; a report that
-    is accepted and not stale keeps both checks as they were (the pool's oldest version only falls to its own).
-    Beyond those, by reason: ``train_batch_complete`` reads nothing of the pool. ``train_batch_size`` reads
-    its size alone: it holds while fewer than ``ready_below`` units are ready. ``source_quota``: source
-    ``source`` is the first below its target; reports of other sources only raise their ready counts, so the
-    sources before it stay met and it stays short, with the same detail; completion counts are not read.
-    ``completion_quota``: the sources are met (reports only raise their counts) and ``step`` is the lowest due
-    step below its target. A report of another step s only raises completed(s): a step below ``step`` stays
-    met, since both of its targets are at most max(declared, completed) and completed(s) rises. A declaration
-    can make a step short, or change the detail's scheduled count, so only those of later steps keep the
-    wait. A ``feasibility`` wait depends on the whole pool: nothing keeps it. Nor with group units, where a
-    completing group may bring in a member reported before the wait, unchecked against ``stale_below``.
-    """
-
-    stale_below: int
-    ready_below: int = NO_VERSION
-    source: int = -1  # source quotas: reports of this source may end the wait
-    step: int = -1  # completion quotas: reports of this step, and declarations up to it, may end the wait
-    reports_keep: bool = True
-
-    def keeps_report(self, source: int, rollout_step: int, oldest_version: int, accepted: bool) -> bool:
-        """Whether adding this report (a trajectory unit of ``source``, by index) leaves the wait in force,
-        with :meth:`keeps_ready` on the pool's size once the reports at this time are added."""
-        return (
-            self.reports_keep
-            and accepted
-            and oldest_version >= self.stale_below
-            and source != self.source
-            and rollout_step != self.step
-        )
-
-    def keeps_declaration(self, rollout_step: int) -> bool:
-        """Whether declaring trajectories scheduled at ``rollout_step`` leaves the wait in force."""
-        return self.step < 0 or rollout_step > self.step
-
-    def keeps_ready(self, pool_size: int) -> bool:
-        return pool_size < self.ready_below
-
-
-_KEEPS_NOTHING = WaitHold(stale_below=NO_VERSION, reports_keep=False, step=NO_VERSION)
-
-
-def wait_hold(state: AdmissionState, wait: Wait) -> WaitHold:
-    """What keeps ``wait`` the decision (see :class:`WaitHold`); ``wait`` is what :func:`decide` just returned
-    for ``state``, applied. Pure."""
-    view = state.decision_view
-    targets = view.targets
-    if targets.admission_unit is AdmissionUnit.GROUP:
-        return _KEEPS_NOTHING
-    train_version = view.version_base + view.train_batch_index
-    bound = targets.staleness_bound
-    stale_below = train_version - bound if bound is not None else -1
-    reason = wait.reason
-    if reason is BlockingReason.TRAIN_BATCH_COMPLETE:
-        return WaitHold(stale_below=stale_below)
-    if reason is BlockingReason.TRAIN_BATCH_SIZE:
-        return WaitHold(stale_below=stale_below, ready_below=view.units_needed)
-    if reason is BlockingReason.SOURCE_QUOTA:
-        short_source = _first_short_source(view)
-        assert short_source is not None
-        return WaitHold(stale_below=stale_below, source=short_source)
-    if reason is BlockingReason.COMPLETION_QUOTA:
-        unmet = _first_short_step(view, train_version)
-        assert unmet is not None
-        return WaitHold(stale_below=stale_below, step=unmet[0])
-    return _KEEPS_NOTHING
+    if completion is not None and targets.completion_alpha is not None:
+        unmet = completion.first_unmet(train_version, targets.completion_alpha[minibatch])
+        if unmet is not None:
+            step, completed, target = unmet
+            return (
+                BlockingReason.COMPLETION_QUOTA,
+                f"rollout step {step}: {completed} of {completion.scheduled(step)} scheduled trajectories "
+                f"completed, below its target {target} for mini-batch {minibatch + 1}/{targets.num_minibatches}",
+            )
+    return None
 
 
 def _forced_picks(view: DecisionView, counts: list[int]) -> tuple[list[int], int]:

@@ -25,9 +25,7 @@ from knittrans.admission.engine import (
     DropReason,
     PoolEntry,
     Wait,
-    WaitHold,
     decide,
-    wait_hold,
 )
 from knittrans.admission.replay.config import ReplayConfig
 from knittrans.admission.replay.progress import ProgressBar
@@ -200,10 +198,9 @@ def replay_policy(
     num_scheduled = len(schedule_times)
     inf = math.inf
     add, apply = state.add, state.apply
-    # Deciding again is skipped while the wait in force provably stays the decision: the version is the one it was
-    # decided at, its wake_at has not come, and every report and declaration since is one its hold keeps.
-    hold: WaitHold | None = None
-    held_version, held_until = -1, -inf
+    # The wait in force holds while the state's generation and the version stay as they were when it was applied,
+    # until its wake_at (AdmissionState.generation): then deciding again would return the same wait.
+    settled_generation, settled_version, settled_until = -1, -1, -inf
     if entries is None or entries.trace is not trace:
         entries = EntryCache(trace)
     cached_entries = entries.entries
@@ -227,8 +224,6 @@ def replay_policy(
             while run_end < num_scheduled and schedule_times[run_end] <= now and schedule_steps[run_end] == step:
                 run_end += 1
             state.add_scheduled(step, run_end - next_scheduled)
-            if hold is not None and not hold.keeps_declaration(step):
-                hold = None
             next_scheduled = run_end
         while next_arrival < num_arrivals and arrival_times[next_arrival] == now:
             index = arrivals[next_arrival]
@@ -250,15 +245,11 @@ def replay_policy(
                     accepted=record.accepted,
                 )
             add(entry)
-            if hold is not None and not hold.keeps_report(
-                source_of[record.source], record.rollout_step, generated, record.accepted
-            ):
-                hold = None
             next_arrival += 1
             if progress is not None and next_arrival % _PROGRESS_EVERY == 0:
                 progress.update(next_arrival)
 
-        if hold is not None and version == held_version and now < held_until and hold.keeps_ready(state.pool_size):
+        if state.generation == settled_generation and version == settled_version and now < settled_until:
             continue
         try:
             while True:
@@ -269,8 +260,8 @@ def replay_policy(
                     wake_at = decision.wake_at
                     if wake_at is not None and wake_at not in timers:
                         heapq.heappush(timers, wake_at)
-                    hold = wait_hold(state, decision)
-                    held_version, held_until = version, inf if wake_at is None else wake_at
+                    settled_generation, settled_version = state.generation, version
+                    settled_until = inf if wake_at is None else wake_at
                     break
                 if kind is Drop:
                     dropped[decision.reason] += len(decision.trajectory_ids)
