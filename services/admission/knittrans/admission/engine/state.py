@@ -88,6 +88,7 @@ class AdmissionState:
         self._group_sizes: dict[SampleId, int] = {}
         self._closed_samples: set[SampleId] = set()
         self._seq = 0
+        self._generation = 0  # transitions so far: see generation
         self._carry = [0] * num_sources  # s_{i,0}
         self._carry_total = 0  # s_{0,0}
         self._carry_seq = 0  # units with a lower seq were in the pool when the train batch started
@@ -99,6 +100,13 @@ class AdmissionState:
     def decision_view(self) -> DecisionView:
         """The fields :func:`decide` reads, read-only; they change with every transition of this state."""
         return self._inputs
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every call that changes this state. :func:`decide` reads nothing else of it, so while the
+        generation and the policy version stay the same, the decision applied last stays the decision: after a
+        :class:`Wait`, until its ``wake_at`` (a wait depends on the time only through that deadline)."""
+        return self._generation
 
     @property
     def train_batch_index(self) -> int:
@@ -165,19 +173,22 @@ class AdmissionState:
             known = ", ".join(self.targets.sources)
             raise InvalidArgument(f"unknown source {entry.source!r}; configured: {known}", field="source")
         trajectory_id = entry.trajectory_id
-        if trajectory_id in self._unit_of or trajectory_id in self._inputs.pool.units:
+        inputs = self._inputs
+        if trajectory_id in self._unit_of or trajectory_id in inputs.pool.units:
             raise Conflict(f"trajectory {trajectory_id!r} is already in the pool", field="trajectory_id")
-        if self._inputs.completion is not None:
-            self._inputs.completion.add_completed(entry.rollout_step)
+        self._generation += 1
+        if inputs.completion is not None:
+            inputs.completion.add_completed(entry.rollout_step)
         if self._grouped:
             self._add_to_group(entry, source)
         elif entry.accepted:
             seq = self._seq
             self._seq = seq + 1
             key = (entry.oldest_version, entry.ready_at, trajectory_id)
-            self._inputs.pool.insert(PooledUnit(key, source, (trajectory_id,), seq))
+            # tuple.__new__ skips the named tuple's Python-level __new__: one unit per report, on the hot path.
+            inputs.pool.insert(tuple.__new__(PooledUnit, (key, source, (trajectory_id,), seq)))
         else:
-            self._inputs.filtered.append(trajectory_id)
+            inputs.filtered.append(trajectory_id)
 
     def add_many(self, entries: PoolEntries) -> None:
         """Report many finished trajectories at once: the same state as :meth:`add` for each, in order, but all
@@ -203,6 +214,7 @@ class AdmissionState:
                 if trajectory_id in seen or trajectory_id in self._unit_of or trajectory_id in self._inputs.pool.units:
                     raise Conflict(f"trajectory {trajectory_id!r} is already in the pool", field="trajectory_id")
                 seen.add(trajectory_id)
+        self._generation += 1
         if self._grouped:
             for i in range(count):
                 self.add(entries.entry(i))
@@ -240,6 +252,7 @@ class AdmissionState:
             raise InvalidArgument(f"must be a non-negative integer, got {count!r}", field="count")
         if self._inputs.completion is not None and count:
             self._inputs.completion.add_scheduled(rollout_step, count)
+            self._generation += 1
 
     def expect_group(self, sample_id: SampleId, size: int) -> None:
         """Declare how many trajectories ``sample_id`` has (admission unit ``group``); else ``group_size``."""
@@ -251,6 +264,7 @@ class AdmissionState:
                 f"sample {sample_id!r} already has {pending.reported} trajectories", field="size"
             )
         self._group_sizes[sample_id] = size
+        self._generation += 1
         if pending is not None:
             pending.size = size
             self._close_group_if_complete(sample_id, pending)
@@ -261,6 +275,9 @@ class AdmissionState:
         if kind is Wait:  # by far the most frequent
             assert isinstance(decision, Wait)
             inputs = self._inputs
+            if decision is inputs.last_wait:
+                return  # the wait in force, applied again: nothing changes
+            self._generation += 1
             reason = decision.reason
             if reason is not inputs.blocking:
                 inputs.blocking = reason
@@ -273,9 +290,11 @@ class AdmissionState:
                 inputs.starving_since = None
         elif kind is Admit:
             assert isinstance(decision, Admit)
+            self._generation += 1
             self._apply_admit(decision)
         elif kind is Drop:
             assert isinstance(decision, Drop)
+            self._generation += 1
             self._apply_drop(decision)
         else:
             raise InvalidArgument(f"not a decision: {decision!r}", field="decision")

@@ -25,7 +25,7 @@ from knittrans.admission.engine import (
     DropReason,
     PoolEntry,
     Wait,
-    decisions_until_wait,
+    decide,
 )
 from knittrans.admission.replay.config import ReplayConfig
 from knittrans.admission.replay.progress import ProgressBar
@@ -198,6 +198,9 @@ def replay_policy(
     num_scheduled = len(schedule_times)
     inf = math.inf
     add, apply = state.add, state.apply
+    # The wait in force holds while the state's generation and the version stay as they were when it was applied,
+    # until its wake_at (AdmissionState.generation): then deciding again would return the same wait.
+    settled_generation, settled_version, settled_until = -1, -1, -inf
     if entries is None or entries.trace is not trace:
         entries = EntryCache(trace)
     cached_entries = entries.entries
@@ -246,14 +249,21 @@ def replay_policy(
             if progress is not None and next_arrival % _PROGRESS_EVERY == 0:
                 progress.update(next_arrival)
 
+        if state.generation == settled_generation and version == settled_version and now < settled_until:
+            continue
         try:
-            for decision in decisions_until_wait(state, now, version):
+            while True:
+                decision = decide(state, now, version)
                 apply(decision)
                 kind = type(decision)
                 if kind is Wait:
-                    if decision.wake_at is not None and decision.wake_at not in timers:
-                        heapq.heappush(timers, decision.wake_at)
-                elif kind is Drop:
+                    wake_at = decision.wake_at
+                    if wake_at is not None and wake_at not in timers:
+                        heapq.heappush(timers, wake_at)
+                    settled_generation, settled_version = state.generation, version
+                    settled_until = inf if wake_at is None else wake_at
+                    break
+                if kind is Drop:
                     dropped[decision.reason] += len(decision.trajectory_ids)
                 else:
                     assert kind is Admit
