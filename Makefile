@@ -74,7 +74,7 @@ proto: venv
 # Checked with mypy --strict (config in pyproject.toml): the pure cores and the whole SDK (clients/python).
 # tests/unit/core/test_types.py reads this list and checks that it names every SDK module.
 TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittrans.reorg.packing \
-  knittrans.addresses knittrans.aio knittrans.attach knittrans.blocking knittrans.cli knittrans.client \
+  knittrans.addresses knittrans.aio knittrans.attach knittrans.blocking knittrans.cli knittrans.client knittrans.int_checks \
   knittrans.config knittrans.connect knittrans.connection_file knittrans.stack.local knittrans.stack.progress \
   knittrans.stack.settings knittrans.stack.up \
   knittrans.errors knittrans.integrations knittrans.job knittrans.launch knittrans.packed knittrans.plan \

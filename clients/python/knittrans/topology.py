@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 
 from knittrans.errors import InvalidArgument
+from knittrans.int_checks import check_non_negative_int as _check_non_negative_int
+from knittrans.int_checks import check_positive_int as _check_positive_int
 
 BACKBONE_ROLE = "backbone"
 ENCODER_ROLE_PREFIX = "encoder:"
@@ -24,14 +26,6 @@ ROLE_PREFIX = "role:"
 _ROLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
-def _check_non_negative_int(value: int, field_name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgument(f"must be a non-negative integer, got {value!r}", field=field_name)
-
-
-def _check_positive_int(value: int, field_name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"must be a positive integer, got {value!r}", field=field_name)
 
 
 def _check_name(value: str, field_name: str) -> None:

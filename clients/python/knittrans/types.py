@@ -14,6 +14,8 @@ from enum import StrEnum
 from typing import NewType
 
 from knittrans.errors import InvalidArgument
+from knittrans.int_checks import check_non_negative_int as _check_non_negative_int
+from knittrans.int_checks import check_positive_int as _check_positive_int
 from knittrans.values import NO_VALUES, TrajectoryValues
 
 TrajectoryId = NewType("TrajectoryId", str)
@@ -36,14 +38,6 @@ def check_id(value: str, field_name: str) -> None:
         raise InvalidArgument(f"has characters outside [A-Za-z0-9._:@/+=-]: {value!r}", field=field_name)
 
 
-def _check_non_negative_int(value: int, field_name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgument(f"must be a non-negative integer, got {value!r}", field=field_name)
-
-
-def _check_positive_int(value: int, field_name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"must be a positive integer, got {value!r}", field=field_name)
 
 
 class DType(StrEnum):
