@@ -127,8 +127,9 @@ def clean_job():
         shutil.rmtree(f"/tmp/knittrans-{job}", ignore_errors=True)
 
 
+# Long enough (20 train batches) that a fault and its restart come well before the run would end by itself.
 CHAOS = ("--config", str(ROOT / "examples" / "demo" / "chaos.yaml"), "--chaos", "1",
-         "--chaos-targets", "redis,mooncake-store,sidecar")
+         "--chaos-targets", "redis,mooncake-store,sidecar", "--train-batches", "20")
 RUNS = {"plain": ("--train-batches", "20"), "chaos": CHAOS}
 
 

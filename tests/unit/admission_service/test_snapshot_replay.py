@@ -289,7 +289,8 @@ def internals(ledger: AdmissionLedger) -> object:
     """The ledger's and the engine's fields, but for row handles and blocks (internal numbering and layout; the
     index's insertion order follows the blocks' and nothing reads it), the fingerprints cached for
     live trajectories (a cache: compared through fingerprint_of in observed) and what the config determines."""
-    engine = dump(ledger.engine, frozenset({"config", "targets", "_inputs"}))
+    # The engine's _generation counts the transitions this process applied (a cache key for the replay), not state.
+    engine = dump(ledger.engine, frozenset({"config", "targets", "_inputs", "_generation"}))
     inputs = dump(ledger.engine._inputs, frozenset({"targets", "pool", "last_wait"}))
     index = dump(ledger.index, frozenset({"_generation"}))
     rest = dump(ledger, frozenset({"settings", "engine", "index", "_rows", "_blocks", "_next_block", "_digests",

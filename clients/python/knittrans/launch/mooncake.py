@@ -197,12 +197,11 @@ def _stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            command,
+            lifetime.tied_to_this_process(command) if die_with_parent else command,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=lifetime.die_with_parent if die_with_parent else None,
         )
 
 

@@ -88,12 +88,12 @@ def start_redis(
     last_error = ""
     for _ in range(5):  # a free port can be taken between probing and binding
         chosen = port or free_port(bind_host)
+        command = [binary, *config_file, "--bind", bind_host, "--port", str(chosen), "--dir", str(directory),
+                   "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
+                   "--daemonize", "no", "--logfile", str(log_path)]
         process = subprocess.Popen(
-            [binary, *config_file, "--bind", bind_host, "--port", str(chosen), "--dir", str(directory),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
-             "--daemonize", "no", "--logfile", str(log_path)],
+            lifetime.tied_to_this_process(command) if die_with_parent else command,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=lifetime.die_with_parent if die_with_parent else None,
         )
         try:
             wait_until(partial(_exited_or_listening, process, host, chosen),

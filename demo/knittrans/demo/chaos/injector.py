@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from knittrans.demo.chaos.schedule import ChaosSettings, FaultAction, FaultTarget, faults_of
-from knittrans.launch.lifetime import die_with_parent
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 from knittrans.stack.processes import ManagedProcess, ProcessGroup
 
@@ -138,9 +137,9 @@ class Supervisor:
     def _respawn(old: subprocess.Popen, port: int, log_path: Path | None) -> subprocess.Popen:
         log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
         try:
-            # Tied to this driver's life as the first was (knittrans.launch.lifetime).
+            # The same command, so tied to this driver's life as the first was (knittrans.launch.lifetime).
             process = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, preexec_fn=die_with_parent)
+                                       start_new_session=True)
         finally:
             if log_path is not None:
                 log.close()  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from knittrans.errors import FailedPrecondition
-from knittrans.launch.lifetime import die_with_parent
+from knittrans.launch.lifetime import tied_to_this_process
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class ProcessGroup:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "wb")
         process = subprocess.Popen(
-            list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=dict(env) if env is not None else None,
-            start_new_session=True, preexec_fn=self._preexec(),
+            self._command(argv), stdout=log_file, stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None, start_new_session=True,
         )
         managed = ManagedProcess(name=name, process=process, log_path=log_path, must_outlive_run=service,
                                  _log_file=log_file, argv=tuple(argv), env=env)
@@ -123,9 +123,8 @@ class ProcessGroup:
             managed._log_file.close()
         managed._log_file = log_file = open(managed.log_path, "ab")
         managed.process = subprocess.Popen(
-            list(managed.argv), stdout=log_file, stderr=subprocess.STDOUT,
+            self._command(managed.argv), stdout=log_file, stderr=subprocess.STDOUT,
             env=dict(managed.env) if managed.env is not None else None, start_new_session=True,
-            preexec_fn=self._preexec(),
         )
         managed.restarts += 1
         logger.info("restarted %s (pid %d)", managed.name, managed.process.pid)
@@ -148,8 +147,8 @@ class ProcessGroup:
                 managed._log_file.close()
                 managed._log_file = None
 
-    def _preexec(self) -> Callable[[], None] | None:
-        return die_with_parent if self.stop_with_parent else None
+    def _command(self, argv: Sequence[str]) -> list[str]:
+        return tied_to_this_process(argv) if self.stop_with_parent else list(argv)
 
     @staticmethod
     def _signal(managed: ManagedProcess, signum: int) -> None:
