@@ -131,6 +131,17 @@ class Placement:
     sidecar_store_url: str
 
 
+def start_store(store: str, *, job: str, directory: Path) -> tuple[str, Any]:
+    """The unit store of a benchmark cluster: a Mooncake master and segment started here (returned, to be
+    stopped), or the job's file store on /dev/shm."""
+    if store == "mooncake":
+        from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
+
+        mooncake = start_mooncake(MooncakeClusterConfig(segment_size=2048 << 20), log_dir=directory / "mooncake")
+        return mooncake.store_url, mooncake
+    return f"file:///dev/shm/knittrans-{job}", None
+
+
 def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots: int,
                   encoder_microbatch_images: int, placement: Placement | None = None) -> Cluster:
     job = f"bench{uuid.uuid4().hex[:6]}"
@@ -138,13 +149,8 @@ def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots:
     admission_store_url = ""
     if placement is not None:  # the data plane runs elsewhere, started by the caller
         store_url, admission_store_url = placement.sidecar_store_url, placement.admission_store_url
-    elif store == "mooncake":
-        from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
-
-        mooncake = start_mooncake(MooncakeClusterConfig(segment_size=2048 << 20), log_dir=directory / "mooncake")
-        store_url = mooncake.store_url
     else:
-        store_url = f"file:///dev/shm/knittrans-{job}"
+        store_url, mooncake = start_store(store, job=job, directory=directory)
     topology = {
         "backbone": {"dp": config.dp, "cp": config.cp, "tp": config.tp,
                      "max_tokens_per_microbatch": config.max_tokens_per_micro_batch},

@@ -46,7 +46,7 @@ import numpy as np
 import yaml
 from transfer_accounting import bytes_uniquely_needed, one_clock_exposed
 from transfer_knittrans import STORE_MEDIA, write_step
-from transfer_knittrans_cluster import KNITTRANS, Cluster, Consumer, _spawn, _wait_ready
+from transfer_knittrans_cluster import KNITTRANS, Cluster, Consumer, _spawn, _wait_ready, start_store
 from transfer_workload import Workload, WorkloadConfig, build_workload
 
 from knittrans.client.admission import AdmissionClient
@@ -90,14 +90,7 @@ def needed_bytes(workload: Workload) -> dict[str, int]:
 def start_roles_cluster(config: WorkloadConfig, reference: ReferenceTopology, *, store: str, directory: Path,
                         slots: int) -> Cluster:
     job = f"roles{uuid.uuid4().hex[:6]}"
-    mooncake = None
-    if store == "mooncake":
-        from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
-
-        mooncake = start_mooncake(MooncakeClusterConfig(segment_size=2048 << 20), log_dir=directory / "mooncake")
-        store_url = mooncake.store_url
-    else:
-        store_url = f"file:///dev/shm/knittrans-{job}"
+    store_url, mooncake = start_store(store, job=job, directory=directory)
     topology = {
         "backbone": {"dp": config.dp, "cp": config.cp, "tp": config.tp,
                      "max_tokens_per_microbatch": config.max_tokens_per_micro_batch},
