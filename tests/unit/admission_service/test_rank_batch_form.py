@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows
 from knittrans.admission.service.compact_columns import compact_columns
-from knittrans.admission.service.rank_batches import merge_batches
+from knittrans.admission.service.rank_batches import columns_in_order
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns
 from knittrans.plan.rank_proto import consumer_assignment_from_rank_proto, rank_assignment_from_proto
 from knittrans.reorg.assignments import Admission, AssignmentEvent
@@ -37,7 +37,7 @@ from knittrans.types import (
 )
 from knittrans.v1 import plan_pb2
 from knittrans.values import MetadataKind, MetadataValue, TrajectoryValues
-from knittrans.wire import trajectory_from_proto, trajectory_to_proto
+from knittrans.wire import trajectory_to_proto
 from knittrans.wire.batch_metas import metas_from_batch
 from knittrans.wire.columns import batch_from_metas
 from tests.builders import digest, token_unit
@@ -119,16 +119,22 @@ def columns_of(report: list[TrajectoryMeta], as_messages: bool) -> TrajectoryCol
     return TrajectoryColumns.from_proto(batch_from_metas(report))
 
 
-@given(parts=reports(), data=st.data())
+@given(parts=reports(), forms=st.lists(st.booleans(), min_size=4, max_size=4), data=st.data())
 @settings(max_examples=60, deadline=None)
-def test_joined_reports_decode_to_the_reported_trajectories(parts, data) -> None:
-    batch = merge_batches([batch_from_metas(part) for part in parts])
+def test_reports_joined_in_any_order_decode_to_the_reported_trajectories(parts, forms, data) -> None:
+    blocks = [columns_of(part, as_messages) for part, as_messages in zip(parts, forms, strict=False)]
+    blocks = [compact_columns(b) if data.draw(st.booleans()) else b for b in blocks]  # as the ledger keeps them
+    located = [(block, row) for block, part in zip(blocks, parts, strict=False) for row in range(len(part))]
     reported = [m for part in parts for m in part]
-    assert metas_from_batch(batch) == tuple(reported)
-    assert metas_from_batch(batch) == tuple(trajectory_from_proto(trajectory_to_proto(m)) for m in reported)
-    start = data.draw(st.integers(0, len(reported)))
-    stop = data.draw(st.integers(start, len(reported)))
-    assert metas_from_batch(batch, start=start, stop=stop) == tuple(reported[start:stop])
+    order = data.draw(st.permutations(range(len(located))))
+    joined = columns_in_order(located, order)
+    expected = tuple(reported[t] for t in order)
+    assert metas_from_batch(joined.take_range(0, len(order))) == expected
+    assert metas_from_batch(joined.take(range(len(order)))) == expected
+    start = data.draw(st.integers(0, len(order)))
+    stop = data.draw(st.integers(start, len(order)))
+    assert metas_from_batch(joined.take_range(start, stop)) == expected[start:stop]
+    assert joined.take_range(start, stop) == joined.take(range(start, stop))
 
 
 @given(parts=reports(), forms=st.lists(st.booleans(), min_size=4, max_size=4),

@@ -47,6 +47,48 @@ def test_split_heaviest_reaches_the_target_when_it_can(weights: list[int], targe
     assert all(b for b in bins)
 
 
+def reference_karmarkar_karp(weights: list[float], parts: int, equal_count: bool) -> list[list[int]]:
+    """Largest differencing spelled out: every state is its parts as (sum, members), heaviest first, kept in a
+    plain list and scanned for the two of largest spread (ties: the older first). A state with one non-empty part
+    adds it to the other's lightest part; otherwise the heaviest parts pair with the lightest."""
+    order = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+    step = parts if equal_count else 1
+    states = []  # (age, parts)
+    for start in range(0, len(order), step):
+        group = [(weights[i], [i]) for i in order[start : start + step]]
+        states.append((len(states), group + [(0.0, [])] * (parts - len(group))))
+    if not states:
+        return [[] for _ in range(parts)]
+    age = len(states)
+    while len(states) > 1:
+        states.sort(key=lambda state: (state[1][-1][0] - state[1][0][0], state[0]))
+        (_, a), (_, b) = states[0], states[1]
+        del states[:2]
+        filled_a = [k for k, part in enumerate(a) if part[1]]
+        filled_b = [k for k, part in enumerate(b) if part[1]]
+        if parts > 1 and (len(filled_b) == 1 or len(filled_a) == 1):
+            many, one = (a, b[filled_b[0]]) if len(filled_b) == 1 else (b, a[filled_a[0]])
+            grown = (many[-1][0] + one[0], many[-1][1] + one[1])
+            rest = many[:-1]
+            position = sum(1 for part in rest if part[0] >= grown[0])
+            merged = [*rest[:position], grown, *rest[position:]]
+        else:
+            paired = [(x[0] + y[0], x[1] + y[1]) for x, y in zip(a, reversed(b), strict=True)]
+            merged = sorted(paired, key=lambda part: -part[0])
+        states.append((age, merged))
+        age += 1
+    return [sorted(members) for _, members in states[0][1]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 4).map(float), st.floats(0, 1000)), min_size=0, max_size=70),
+       st.integers(1, 9), st.booleans())
+def test_karmarkar_karp_matches_the_spelled_out_algorithm(weights: list[float], parts: int, equal: bool) -> None:
+    if equal:
+        weights = weights[: len(weights) - len(weights) % parts]
+    assert karmarkar_karp(weights, parts, equal_count=equal) == reference_karmarkar_karp(weights, parts, equal)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.floats(0, 1000), min_size=0, max_size=60), st.integers(1, 7), st.booleans())
 def test_karmarkar_karp_partitions_every_item_once(weights: list[float], parts: int, equal: bool) -> None:

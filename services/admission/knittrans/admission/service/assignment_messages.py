@@ -18,6 +18,7 @@ from concurrent.futures import Executor
 
 from knittrans.admission.service.assignments import MiniBatchDispatch
 from knittrans.admission.service.ledger import AdmittedMiniBatch
+from knittrans.admission.service.route_wire import WIRE_LENGTH_DELIMITED, varint
 from knittrans.types import BACKBONE_ROLE, ConsumerId, Topology
 from knittrans.v1 import admission_pb2, plan_pb2
 from knittrans.v1 import admission_service_pb2 as pb
@@ -45,17 +46,30 @@ def assignment_bytes(
     key: ConsumerId,
 ) -> bytes:
     """The serialised ``WatchAssignmentsResponse`` of message ``key`` (see :func:`message_key`)."""
-    response = pb.WatchAssignmentsResponse(sequence=minibatch.sequence, admission=admission,
-                                           global_loss_tokens=dispatch.minibatch_loss_tokens)
+    head = pb.WatchAssignmentsResponse(sequence=minibatch.sequence, admission=admission,
+                                       global_loss_tokens=dispatch.minibatch_loss_tokens).SerializeToString()
+    # The parts are serialised on their own and framed as the response's fields (a parser takes fields in any
+    # order): copying a built part into its parent message copied every element again.
     if key.encoder_name is None:
-        response.rank_assignment.CopyFrom(_rank_message(dispatch, key.dp_rank))
-    else:
-        response.assignment.CopyFrom(dispatch.assignment(key))
-    return response.SerializeToString()
+        return head + _framed(_RANK_ASSIGNMENT, _rank_bytes(dispatch, key.dp_rank))
+    return head + _framed(_ASSIGNMENT, dispatch.assignment(key).SerializeToString())
 
 
-def _rank_message(dispatch: MiniBatchDispatch, dp_rank: int) -> plan_pb2.RankAssignment:
-    return plan_pb2.RankAssignment(**dispatch.rank_fields(dp_rank))
+_RANK_ASSIGNMENT = pb.WatchAssignmentsResponse.DESCRIPTOR.fields_by_name["rank_assignment"].number
+_ASSIGNMENT = pb.WatchAssignmentsResponse.DESCRIPTOR.fields_by_name["assignment"].number
+_TRAJECTORIES = plan_pb2.RankAssignment.DESCRIPTOR.fields_by_name["trajectories"].number
+
+
+def _framed(field_number: int, data: bytes) -> bytes:
+    """``data`` (a serialised message) as field ``field_number`` of its parent."""
+    return varint(field_number << 3 | WIRE_LENGTH_DELIMITED) + varint(len(data)) + data
+
+
+def _rank_bytes(dispatch: MiniBatchDispatch, dp_rank: int) -> bytes:
+    fields = dispatch.rank_fields(dp_rank)
+    batch = fields.pop("trajectories", None)
+    data = plan_pb2.RankAssignment(**fields).SerializeToString()
+    return data if batch is None else data + _framed(_TRAJECTORIES, batch.SerializeToString())
 
 
 def with_trajectory_ids(data: bytes, minibatch: AdmittedMiniBatch) -> pb.WatchAssignmentsResponse:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from knittrans.admission.planning import PlanLayout, ReferenceColumns, plan_columns
-from knittrans.admission.service.rank_batches import gather_columns
+from knittrans.admission.service.header_columns import offsets_of
+from knittrans.admission.service.rank_batches import columns_in_order
 from knittrans.admission.service.route_wire import RouteWire
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns, gather_index
 from knittrans.errors import InvalidArgument
@@ -42,19 +43,6 @@ class MiniBatchRows:
     reference_kinds: list[int]  # proto UnitKind numbers
     reference_offsets: list[int]  # per trajectory, into the references
     _messages: dict[int, trajectory_pb2.TrajectoryMetadata] = field(default_factory=dict)
-    _gathered: list[tuple[TrajectoryColumns, np.ndarray]] = field(default_factory=list)
-
-    def batch(self, trajectories: Sequence[int]) -> trajectory_pb2.TrajectoryBatch:
-        """These trajectories' columns, in this order (what a DP rank's assignment carries): cut from the
-        mini-batch's columns, gathered from its reports once (:func:`.rank_batches.gather_columns`)."""
-        if not self._gathered:
-            self._gathered.append(gather_columns(self.located))
-        columns, position = self._gathered[0]
-        return columns.take(position[np.asarray(trajectories, dtype=np.int64)])
-
-    def release_batches(self) -> None:
-        """Drop the gathered columns (kept only while the mini-batch's parts are built)."""
-        self._gathered.clear()
 
     def message(self, t: int) -> trajectory_pb2.TrajectoryMetadata:
         """Trajectory t's message: the one it came in, or built from its columns once, when the first consumer
@@ -70,12 +58,16 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
     """Collect trajectories (each a row of some ingest columns) for planning and dispatch: their messages (built
     from the columns unless the columns came from messages), and the columns planning and reads need, gathered
     a report at a time with numpy."""
-    runs: list[tuple[TrajectoryColumns, list[int]]] = []
-    for columns, row in located:
-        if runs and runs[-1][0] is columns:
-            runs[-1][1].append(row)
-        else:
-            runs.append((columns, [row]))
+    # Grouped by block, each block's rows taken at once; then put back in admission order (which may interleave
+    # the reports row by row).
+    blocks: dict[int, tuple[TrajectoryColumns, list[int], list[int]]] = {}
+    for t, (columns, row) in enumerate(located):
+        entry = blocks.get(id(columns))
+        if entry is None:
+            entry = blocks[id(columns)] = (columns, [], [])
+        entry[1].append(row)
+        entry[2].append(t)
+    runs = [(columns, rows) for columns, rows, _ in blocks.values()]
     ids: list[str] = []
     parts: dict[str, list] = {name: [] for name in (
         "num_tokens", "loss_tokens", "ref_counts", "costs", "starts", "ends", "ref_kinds")}
@@ -105,6 +97,18 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
         else:
             hashes.extend(content[h] if h >= 0 else None for h in header_index.tolist())
     joined = {name: np.concatenate(values) for name, values in parts.items()}
+    if len(blocks) > 1:
+        grouped_at = np.concatenate([np.asarray(ts, dtype=np.int64) for _, _, ts in blocks.values()])
+        source = np.empty(len(grouped_at), dtype=np.int64)
+        source[grouped_at] = np.arange(len(grouped_at), dtype=np.int64)
+        ref_source = gather_index(offsets_of(joined["ref_counts"].astype(np.int64)), source)
+        for name in ("num_tokens", "loss_tokens", "ref_counts"):
+            joined[name] = joined[name][source]
+        for name in ("costs", "starts", "ends", "ref_kinds"):
+            joined[name] = joined[name][ref_source]
+        source_list, ref_list = source.tolist(), ref_source.tolist()
+        ids = list(map(ids.__getitem__, source_list))
+        keys, encoders, hashes = (list(map(column.__getitem__, ref_list)) for column in (keys, encoders, hashes))
     ref_counts = joined["ref_counts"].astype(np.int64)
     ref_kinds = joined["ref_kinds"].tolist()
     return MiniBatchRows(
@@ -187,6 +191,7 @@ class MiniBatchDispatch:
             balance_target=balance_target,
         )
         self._views: _Views | None = None
+        self._rank_columns: TrajectoryColumns | None = None
 
     @property
     def minibatch_loss_tokens(self) -> int:
@@ -201,7 +206,16 @@ class MiniBatchDispatch:
     def release_views(self) -> None:
         """Every part is built: drop the views (a later build, say for a reconnecting stream, makes them again)."""
         self._views = None
-        self.rows.release_batches()
+        self._rank_columns = None
+
+    def _rank_batch(self, dp_rank: int) -> trajectory_pb2.TrajectoryBatch:
+        """DP rank ``dp_rank``'s trajectories, in the order its micro-batches hold them: a run of the mini-batch's
+        columns put in rank order once (:func:`.rank_batches.columns_in_order`)."""
+        views = self.views
+        if self._rank_columns is None:
+            self._rank_columns = columns_in_order(self.rows.located, views.microbatch_items)
+        per_rank, offsets = self.layout.backbone.microbatches_per_rank, views.microbatch_offsets
+        return self._rank_columns.take_range(offsets[dp_rank * per_rank], offsets[(dp_rank + 1) * per_rank])
 
     # ---- backbone ------------------------------------------------------------------------------------------
 
@@ -217,7 +231,6 @@ class MiniBatchDispatch:
         # (attached units, no media): those are built message by message.
         message = self._message
         microbatches = []
-        members_in_order: list[int] = []
         for j in range(per_rank):
             g = dp_rank * per_rank + j
             items = []
@@ -230,7 +243,6 @@ class MiniBatchDispatch:
                     item["first_reference"] = start
                     item["reference_encodings"] = encodings[start:end]
                 items.append(item)
-            members_in_order.extend(members[offsets[g]:offsets[g + 1]])
             microbatches.append({"index": j, "last": j == per_rank - 1,
                                  "num_loss_tokens": views.microbatch_loss_tokens[g], "items": items})
         fields = {
@@ -241,7 +253,7 @@ class MiniBatchDispatch:
             "microbatches": microbatches,
         }
         if message is None:
-            fields["trajectories"] = rows.batch(members_in_order)
+            fields["trajectories"] = self._rank_batch(dp_rank)
         return fields
 
     # ---- encoders ------------------------------------------------------------------------------------------
@@ -286,7 +298,9 @@ class MiniBatchDispatch:
             "num_rows": end - start,
         }
         t = views.reference_trajectories[r]
-        ref = rows.message(t).multimodal[r - rows.reference_offsets[t]]
-        if ref.HasField("header"):
-            fields["header"] = ref.header
+        columns, row = rows.located[t]
+        header = int(columns.multimodal_header_index[int(columns.multimodal_offsets[row]) + r
+                                                     - rows.reference_offsets[t]])
+        if header >= 0:
+            fields["header"] = columns.multimodal_headers.fields_at(header)
         return fields

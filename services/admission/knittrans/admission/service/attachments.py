@@ -261,7 +261,6 @@ def without_references(rows: MiniBatchRows) -> MiniBatchRows:
         reference_kinds=[],
         reference_offsets=[0] * (len(rows.trajectory_ids) + 1),
         _messages={},
-        _gathered=[],
     )
 
 

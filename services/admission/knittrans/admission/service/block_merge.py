@@ -76,7 +76,10 @@ def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
 
 
 def _pick(values: Sequence, indices: np.ndarray) -> list:
-    return [values[i] for i in indices.tolist()]
+    gather = getattr(values, "gather", None)  # packed digests: one hex conversion, not one lookup per digest
+    if gather is not None:
+        return gather(indices)
+    return list(map(values.__getitem__, indices.tolist()))
 
 
 def _merge_headers(parts: list[tuple[HeaderColumns, np.ndarray]]) -> HeaderColumns:

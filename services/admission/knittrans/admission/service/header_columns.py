@@ -105,8 +105,26 @@ class HeaderColumns:
             fields["seq_axis"] = axes[k]
         return fields
 
-    def take(self, rows: np.ndarray) -> trajectory_pb2.UnitHeaderColumns:
-        shape_index = gather_index(self.shape_offsets, rows)
+    def fields_at(self, k: int) -> dict:
+        """:meth:`fields`, read from the arrays: for a few headers of a block kept long, whose whole plain-Python
+        copy (``fields``' cache) would be kept with it."""
+        start, stop = int(self.shape_offsets[k]), int(self.shape_offsets[k + 1])
+        fields = {"dtype": int(self.dtypes[k]), "shape": self.shape[start:stop].tolist(),
+                  "byte_length": int(self.byte_lengths[k]), "content_hash": self.content_hashes[k],
+                  "chunk_tokens": int(self.chunk_tokens[k])}
+        if self.has_seq_axis[k]:
+            fields["seq_axis"] = int(self.seq_axes[k])
+        return fields
+
+    def take(self, rows: np.ndarray | slice) -> trajectory_pb2.UnitHeaderColumns:
+        """These headers (an index array, or a slice for a contiguous run) as columns."""
+        if isinstance(rows, slice):
+            start, stop, _ = rows.indices(len(self))
+            shape_index: np.ndarray | slice = slice(int(self.shape_offsets[start]), int(self.shape_offsets[stop]))
+            if hasattr(self.content_hashes, "gather"):
+                rows = np.arange(start, stop, dtype=np.int64)
+        else:
+            shape_index = gather_index(self.shape_offsets, rows)
         return trajectory_pb2.UnitHeaderColumns(
             dtypes=self.dtypes[rows].tolist(),
             ranks=self.ranks[rows].tolist(),
@@ -115,6 +133,7 @@ class HeaderColumns:
             seq_axes=self.seq_axes[rows].tolist(),
             byte_lengths=self.byte_lengths[rows].tolist(),
             content_hashes=gather(rows) if (gather := getattr(self.content_hashes, "gather", None)) is not None
+            else self.content_hashes[rows] if isinstance(rows, slice)
             else [self.content_hashes[k] for k in rows.tolist()],
             chunk_tokens=self.chunk_tokens[rows].tolist(),
         )

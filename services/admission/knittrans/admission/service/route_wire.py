@@ -17,7 +17,7 @@ from knittrans.errors import InvalidArgument
 from knittrans.plan.proto import ROUTE_FIELDS
 from knittrans.v1 import plan_pb2
 
-_WIRE_LENGTH_DELIMITED = 2
+WIRE_LENGTH_DELIMITED = 2
 _FIELD_NUMBERS = {name: plan_pb2.EncodingRoutes.DESCRIPTOR.fields_by_name[name].number for name in ROUTE_FIELDS}
 _IDS_FIELD = "trajectory_ids"
 # One-byte tags, which RouteWire writes as such.
@@ -87,7 +87,7 @@ class RouteWire:
             if len(values) and (int(values.min()) < 0 or int(values.max()) > _MAX_VALUE[name]):
                 raise InvalidArgument("has a value outside its field's range", field=f"routes.{name}")
             data, offsets = varints(values)
-            fields.append((_FIELD_NUMBERS[name] << 3 | _WIRE_LENGTH_DELIMITED, data, offsets))
+            fields.append((_FIELD_NUMBERS[name] << 3 | WIRE_LENGTH_DELIMITED, data, offsets))
         # Each (encoding, field)'s length: a packed field's header (tag, payload length) and payload, or the ids.
         payloads = np.stack([offsets[bounds[1:]] - offsets[bounds[:-1]] for _, _, offsets in fields], axis=1)
         packed = np.array([tag is not None for tag, _, _ in fields]) & (payloads > 0)
@@ -111,7 +111,7 @@ class RouteWire:
     @staticmethod
     def _framed_ids(trajectory_ids: Sequence[str]) -> tuple[bytes, np.ndarray]:
         """Each row's trajectory id as a framed string field, back to back, and where each row's starts."""
-        tag = varint(_FIELD_NUMBERS[_IDS_FIELD] << 3 | _WIRE_LENGTH_DELIMITED)
+        tag = varint(_FIELD_NUMBERS[_IDS_FIELD] << 3 | WIRE_LENGTH_DELIMITED)
         framed: dict[str, bytes] = {}
         for trajectory_id in dict.fromkeys(trajectory_ids):
             encoded = trajectory_id.encode()

@@ -314,26 +314,35 @@ class TrajectoryColumns:
     def take(self, rows: Sequence[int]) -> trajectory_pb2.TrajectoryBatch:
         """The batch of these trajectories, in this order (every unit must have a header)."""
         rows = np.asarray(rows, dtype=np.int64)
-        row_list = rows.tolist()
-        segments = gather_index(self.segment_offsets, rows)
-        units = gather_index(self.unit_offsets, rows)
-        refs = gather_index(self.multimodal_offsets, rows)
-        scalars = gather_index(self.scalar_offsets, rows)
-        unit_list, ref_list, scalar_list = units.tolist(), refs.tolist(), scalars.tolist()
+        return self._batch(rows, *(gather_index(offsets, rows) for offsets in self._element_offsets))
+
+    def take_range(self, start: int, stop: int) -> trajectory_pb2.TrajectoryBatch:
+        """The batch of trajectories ``start`` to ``stop`` (exclusive): :meth:`take` of a contiguous run, cut with
+        slices (a DP rank's trajectories, from the mini-batch's columns put in rank order)."""
+        return self._batch(slice(start, stop), *(slice(int(offsets[start]), int(offsets[stop]))
+                                                 for offsets in self._element_offsets))
+
+    @property
+    def _element_offsets(self) -> tuple[np.ndarray, ...]:
+        return self.segment_offsets, self.unit_offsets, self.multimodal_offsets, self.scalar_offsets
+
+    def _batch(self, rows: np.ndarray | slice, segments: np.ndarray | slice, units: np.ndarray | slice,
+               refs: np.ndarray | slice, scalars: np.ndarray | slice) -> trajectory_pb2.TrajectoryBatch:
+        """The batch of the trajectories at ``rows`` (index arrays or slices), whose elements are at the others."""
         if not self.unit_has_header[units].all():
             raise InvalidArgument("a unit has no header", field="units")
         header_index = self.multimodal_header_index[refs]
         alignments, coverages = self.unit_alignments[units], self.unit_coverages[units]
         plain = self.plain
         return trajectory_pb2.TrajectoryBatch(
-            **{spec.column: [plain[spec.column][i] for i in row_list] if spec.dtype == "str"
+            **{spec.column: _at(plain[spec.column], rows) if spec.dtype == "str"
                else [] if spec.sparse and not plain[spec.column][rows].any()
                else plain[spec.column][rows].tolist() for spec in TRAJECTORY_COLUMNS},
             segment_counts=np.diff(self.segment_offsets)[rows].tolist(),
             segment_versions=self.segment_versions[segments].tolist(),
             segment_tokens=self.segment_tokens[segments].tolist(),
             unit_counts=np.diff(self.unit_offsets)[rows].tolist(),
-            unit_keys=[self.unit_keys[k] for k in unit_list],
+            unit_keys=_at(self.unit_keys, units),
             unit_fields=self.unit_fields[units].tolist(),
             field_names=self.field_names,
             unit_kinds=self.unit_kinds[units].tolist(),
@@ -341,7 +350,7 @@ class TrajectoryColumns:
             unit_coverages=coverages.tolist() if coverages.any() else [],
             unit_headers=self.unit_headers.take(units),
             multimodal_counts=np.diff(self.multimodal_offsets)[rows].tolist(),
-            multimodal_keys=[self.multimodal_keys[k] for k in ref_list],
+            multimodal_keys=_at(self.multimodal_keys, refs),
             multimodal_encoders=self.multimodal_encoder_indices[refs].tolist(),
             encoders=self.encoders,
             multimodal_costs=self.multimodal_costs[refs].tolist(),
@@ -351,19 +360,22 @@ class TrajectoryColumns:
             multimodal_has_header=(header_index >= 0).tolist(),
             multimodal_headers=self.multimodal_headers.take(header_index[header_index >= 0]),
             scalar_counts=np.diff(self.scalar_offsets)[rows].tolist(),
-            scalar_names=[self.scalar_names[k] for k in scalar_list],
+            scalar_names=_at(self.scalar_names, scalars),
             scalar_values=self.scalar_values[scalars].tolist(),
-            values=self._values_column(row_list),
+            values=self._values_column(rows),
         )
 
     def values_of(self, i: int) -> trajectory_pb2.TrajectoryValues | None:
         """Trajectory i's values (None: it has none)."""
         return None if self.values is None else self.values[i]
 
-    def _values_column(self, rows: list[int]) -> list[trajectory_pb2.TrajectoryValues]:
-        if self.values is None or all(self.values[i] is None for i in rows):
+    def _values_column(self, rows: np.ndarray | slice) -> list[trajectory_pb2.TrajectoryValues]:
+        if self.values is None:
             return []
-        return [self.values[i] or trajectory_pb2.TrajectoryValues() for i in rows]
+        values = _at(self.values, rows)
+        if all(v is None for v in values):
+            return []
+        return [v or trajectory_pb2.TrajectoryValues() for v in values]
 
 
 _PLAIN_COLUMN_NAMES = tuple(spec.column for spec in TRAJECTORY_COLUMNS)
@@ -378,6 +390,15 @@ _SHARED_COLUMNS = frozenset(("sample_ids", "sources"))
 
 def _strings(values: Sequence[str], shared: bool) -> tuple[str, ...]:
     return tuple(map(sys.intern, values)) if shared else tuple(values)
+
+
+def _at(values: Sequence, index: np.ndarray | slice) -> Sequence:
+    """The elements of a sequence (strings, or packed digests) at an index array or a slice, as a sequence."""
+    if isinstance(index, slice):
+        if hasattr(values, "gather"):  # packed digests: one hex conversion, not one per digest
+            return values.gather(np.arange(*index.indices(len(values)), dtype=np.int64))
+        return values[index]
+    return list(map(values.__getitem__, index.tolist()))  # map: the lookups run in C
 
 
 def _sparse_unit_column(batch: trajectory_pb2.TrajectoryBatch, name: str, num_units: int) -> np.ndarray:
