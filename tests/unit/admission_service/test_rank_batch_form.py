@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -177,3 +178,32 @@ def test_the_kept_compact_columns_cut_the_same_batch_as_the_reported_ones(parts,
         rows = data.draw(st.lists(st.integers(0, len(part) - 1), max_size=8))
         assert compact_columns(columns).take(rows) == columns.take(rows)
         assert metas_from_batch(compact_columns(columns).take(rows)) == tuple(part[r] for r in rows)
+
+
+@given(parts=reports(), forms=st.lists(st.booleans(), min_size=4, max_size=4), compact=st.booleans(),
+       shuffle=st.randoms(use_true_random=False))
+@settings(max_examples=60, deadline=None)
+def test_the_rows_planning_reads_follow_the_admission_order_of_interleaved_reports(parts, forms, compact,
+                                                                                     shuffle) -> None:
+    """What planning reads of each trajectory, taken one trajectory at a time from its reported metadata."""
+    blocks = [columns_of(part, as_messages) for part, as_messages in zip(parts, forms, strict=False)]
+    blocks = [compact_columns(b) for b in blocks] if compact else blocks
+    located = [(block, row, meta) for block, part in zip(blocks, parts, strict=False)
+               for row, meta in enumerate(part)]
+    shuffle.shuffle(located)
+    rows = gather_rows([(block, row) for block, row, _ in located])
+    metas = [meta for _, _, meta in located]
+    assert list(rows.trajectory_ids) == [m.trajectory_id for m in metas]
+    assert rows.num_tokens.tolist() == [m.num_tokens for m in metas]
+    assert rows.loss_tokens.tolist() == [m.num_loss_tokens for m in metas]
+    refs = [(t, ref) for t, m in enumerate(metas) for ref in m.multimodal]
+    columns = rows.references
+    assert columns.trajectories.tolist() == [t for t, _ in refs]
+    assert list(columns.keys) == [ref.key for _, ref in refs]
+    assert list(columns.encoders) == [ref.encoder for _, ref in refs]
+    assert columns.costs.tolist() == [ref.cost for _, ref in refs]
+    assert columns.starts.tolist() == [ref.placeholder.start for _, ref in refs]
+    assert columns.ends.tolist() == [ref.placeholder.end for _, ref in refs]
+    assert list(columns.kinds) == [ref.kind for _, ref in refs]
+    assert list(columns.content_hashes) == [ref.header.content_hash if ref.header else None for _, ref in refs]
+    assert list(rows.reference_offsets) == [0, *np.cumsum([len(m.multimodal) for m in metas]).tolist()]

@@ -100,6 +100,8 @@ class MiniBatchMessages:
         future = self._futures.get(key)
         if future is None:  # not a planned message (cannot happen for a checked consumer): build it alone
             return assignment_bytes(minibatch, dispatch, self._admission, key)
+        if future.done():  # most streams ask once their message is built: no wrapper future, no extra loop turn
+            return future.result()
         # Shielded: a stream that goes away must not cancel the message its DP rank's other streams wait for.
         return await asyncio.shield(future)
 
