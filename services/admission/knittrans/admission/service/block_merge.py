@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from knittrans.admission.service.compact_columns import PackedHashes, join_packed
 from knittrans.admission.service.header_columns import HeaderColumns, gather_index, offsets_of
 from knittrans.admission.service.trajectory_columns import TrajectoryColumns, _header_index
 from knittrans.wire.trajectory import TRAJECTORY_COLUMNS
@@ -99,6 +100,141 @@ def _merge_headers(parts: list[tuple[HeaderColumns, np.ndarray]]) -> HeaderColum
 
 def merge_rows(parts: Sequence[tuple[TrajectoryColumns, Sequence[int]]]) -> TrajectoryColumns:
     """The columns of these rows of these blocks, in order (blocks read from batches: every unit has a header)."""
+    numbers: dict[int, int] = {}
+    blocks: list[TrajectoryColumns] = []
+    for columns, _ in parts:
+        if numbers.setdefault(id(columns), len(blocks)) == len(blocks):
+            blocks.append(columns)
+    counts = [len(rows) for _, rows in parts]
+    which = np.repeat(np.array([numbers[id(columns)] for columns, _ in parts], dtype=np.int64), counts)
+    rows = _concat([np.asarray(rows, dtype=np.int64) for _, rows in parts], np.int64)
+    return _in_order(blocks, which, rows)
+
+
+def rows_in_order(located: Sequence[tuple[TrajectoryColumns, int]]) -> TrajectoryColumns:
+    """These rows (each a row of a block), in this order, as one block; the order may interleave the blocks."""
+    numbers: dict[int, int] = {}
+    blocks: list[TrajectoryColumns] = []
+    which = np.empty(len(located), dtype=np.int64)
+    rows = np.empty(len(located), dtype=np.int64)
+    for i, (columns, row) in enumerate(located):
+        number = numbers.get(id(columns))
+        if number is None:
+            number = numbers[id(columns)] = len(blocks)
+            blocks.append(columns)
+        which[i], rows[i] = number, row
+    return _in_order(blocks, which, rows)
+
+
+def _in_order(blocks: list[TrajectoryColumns], which: np.ndarray, rows: np.ndarray) -> TrajectoryColumns:
+    """Row ``rows[i]`` of block ``blocks[which[i]]`` for each i, as one block.
+
+    When the rows are most of their blocks' (small reports merged, a mini-batch's reports), the blocks are
+    joined whole, a few numpy calls per column whatever their number, and the rows are taken from the join at
+    once: taking each block's rows on its own cost a few dozen numpy calls per block (tens of milliseconds for
+    64 small reports, on the report path). Otherwise each block's rows are taken, then put in order."""
+    if len(blocks) < 2:
+        return _take_rows([(columns, rows) for columns in blocks])
+    sizes = [len(columns) for columns in blocks]
+    if 2 * len(rows) >= sum(sizes) and all(map(_headers_in_order, blocks)):
+        joined = _join_whole(blocks)
+        at = np.cumsum([0, *sizes[:-1]])[which] + rows
+        return joined if len(at) == len(joined) and bool((at == np.arange(len(at))).all()) \
+            else _take_rows([(joined, at)])
+    order = np.argsort(which, kind="stable")  # grouped by block, each block's rows in their order
+    bounds = np.searchsorted(which[order], np.arange(len(blocks) + 1))
+    grouped = _take_rows([(columns, rows[order[bounds[b]:bounds[b + 1]]]) for b, columns in enumerate(blocks)])
+    source = np.empty(len(order), dtype=np.int64)
+    source[order] = np.arange(len(order), dtype=np.int64)
+    return _take_rows([(grouped, source)])
+
+
+def _headers_in_order(columns: TrajectoryColumns) -> bool:
+    """Whether the block's multimodal headers are its references' with one, in order (as every reader makes
+    them): the join then numbers them by counting."""
+    index = columns.multimodal_header_index
+    has = index >= 0
+    return bool((index[has] == np.arange(int(has.sum()))).all()) and len(columns.multimodal_headers) == int(has.sum())
+
+
+def _renumbered(names: list[str], indices: np.ndarray, joined: dict[str, int]) -> np.ndarray:
+    numbers = [joined.setdefault(name, len(joined)) for name in names]
+    if numbers == list(range(len(names))):
+        return indices
+    return np.asarray(numbers, dtype=np.int64)[indices] if len(indices) else indices
+
+
+def _join_whole(blocks: Sequence[TrajectoryColumns]) -> TrajectoryColumns:
+    """Whole blocks, one after the other, as one block."""
+    field_names: dict[str, int] = {}
+    encoders: dict[str, int] = {}
+    unit_fields = [_renumbered(b.field_names, b.unit_fields, field_names) for b in blocks]
+    multimodal_encoders = [_renumbered(b.encoders, b.multimodal_encoder_indices, encoders) for b in blocks]
+
+    def cat(name: str, dtype) -> np.ndarray:
+        return _concat([getattr(b, name) for b in blocks], dtype)
+
+    def offsets(name: str) -> np.ndarray:
+        return offsets_of(_concat([np.diff(getattr(b, name)) for b in blocks], np.int64))
+
+    def strings(values: list[Sequence[str]]) -> tuple[str, ...]:
+        return tuple(chain.from_iterable(values))
+
+    plain = {spec.column: strings([b.plain[spec.column] for b in blocks]) if spec.dtype == "str"
+             else _concat([b.plain[spec.column] for b in blocks], spec.dtype) for spec in TRAJECTORY_COLUMNS}
+    values = [v for b in blocks for v in (b.values if b.values is not None else (None,) * len(b))]
+    return TrajectoryColumns(
+        plain=plain,
+        segment_offsets=offsets("segment_offsets"),
+        segment_versions=cat("segment_versions", np.uint64),
+        segment_tokens=cat("segment_tokens", np.uint64),
+        unit_offsets=offsets("unit_offsets"),
+        unit_keys=strings([b.unit_keys for b in blocks]),
+        unit_fields=_concat(unit_fields, np.int64),
+        field_names=list(field_names),
+        unit_kinds=cat("unit_kinds", np.int64),
+        unit_alignments=cat("unit_alignments", np.int64),
+        unit_coverages=cat("unit_coverages", np.int64),
+        unit_has_header=cat("unit_has_header", bool),
+        unit_headers=_join_headers([b.unit_headers for b in blocks]),
+        multimodal_offsets=offsets("multimodal_offsets"),
+        multimodal_keys=strings([b.multimodal_keys for b in blocks]),
+        multimodal_encoder_indices=_concat(multimodal_encoders, np.int64),
+        encoders=list(encoders),
+        multimodal_costs=cat("multimodal_costs", np.float64),
+        placeholder_starts=cat("placeholder_starts", np.uint64),
+        placeholder_ends=cat("placeholder_ends", np.uint64),
+        multimodal_kinds=cat("multimodal_kinds", np.int64),
+        multimodal_header_index=_header_index(_concat([b.multimodal_header_index >= 0 for b in blocks], bool)),
+        multimodal_headers=_join_headers([b.multimodal_headers for b in blocks]),
+        scalar_offsets=offsets("scalar_offsets"),
+        scalar_names=list(chain.from_iterable(b.scalar_names for b in blocks)),
+        scalar_values=cat("scalar_values", np.float64),
+        values=tuple(values) if any(v is not None for v in values) else None,
+    )
+
+
+def _join_headers(headers: Sequence[HeaderColumns]) -> HeaderColumns:
+    ranks = _concat([h.ranks for h in headers], np.int64)
+    hashes = [h.content_hashes for h in headers]
+    packed = [h for h in hashes if isinstance(h, PackedHashes)]
+    joined_hashes: Sequence[str] = join_packed(packed) if len(packed) == len(hashes) \
+        else tuple(chain.from_iterable(hashes))
+    return HeaderColumns(
+        dtypes=_concat([h.dtypes for h in headers], np.int64),
+        ranks=ranks,
+        shape_offsets=offsets_of(ranks),
+        shape=_concat([h.shape for h in headers], np.uint64),
+        has_seq_axis=_concat([h.has_seq_axis for h in headers], bool),
+        seq_axes=_concat([h.seq_axes for h in headers], np.int64),
+        byte_lengths=_concat([h.byte_lengths for h in headers], np.uint64),
+        content_hashes=joined_hashes,
+        chunk_tokens=_concat([h.chunk_tokens for h in headers], np.int64),
+    )
+
+
+def _take_rows(parts: Sequence[tuple[TrajectoryColumns, np.ndarray]]) -> TrajectoryColumns:
+    """Each part's rows, the parts one after the other, taken block by block."""
     field_names: dict[str, int] = {}
     encoders: dict[str, int] = {}
     gathered = []

@@ -59,7 +59,7 @@ class PackedHashes(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         text = self._raw.hex()
-        return (text[i : i + _DIGEST_CHARS] for i in range(0, len(text), _DIGEST_CHARS))
+        return iter([text[i : i + _DIGEST_CHARS] for i in range(0, len(text), _DIGEST_CHARS)])
 
     def gather(self, rows: np.ndarray) -> list[str]:
         """The digests at ``rows`` (an index array), in order: one hex conversion, not one lookup per digest."""
@@ -76,6 +76,11 @@ class PackedHashes(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"PackedHashes({len(self)} digests)"
+
+
+def join_packed(parts: Sequence[PackedHashes]) -> PackedHashes:
+    """Packed digests one after the other, still packed."""
+    return PackedHashes(b"".join(part._raw for part in parts))
 
 
 def pack_hashes(values: Sequence[str]) -> Sequence[str]:
