@@ -7,6 +7,11 @@ arrays and tuples). A report of 10 trajectories pays that fixed cost for 10 rows
 rows have gathered, their live rows are merged into one block (:func:`merge_rows`). The merge shares the strings
 (ids, keys, hashes) with the blocks it replaces, which the unit index references too, so nothing is held twice;
 rows of reports that came as messages keep their block (their original messages are what the ledger answers).
+
+The merge runs on the report path, so it is kept short: a few blocks at a time (a merged block that is still small
+is merged again later). Merging 64 at once cost about 9 ms in the service every 64 small reports, which set the
+report-to-assignment p99; merging 8 costs about a millisecond, for about 100 bytes more per pending trajectory
+in reports of 10.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ if TYPE_CHECKING:
     from knittrans.admission.service.ledger import AdmissionLedger
 
 SMALL_BLOCK = 128  # rows
-COALESCE_AT = 64  # small blocks
+COALESCE_AT = 8  # small blocks (see the module docstring)
 
 
 def coalesce_small_blocks(ledger: AdmissionLedger) -> None:
