@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 
-def running_with(marker: str) -> list[str]:
-    """Command lines of live processes (other than this one) that mention ``marker``."""
-    found = []
+def live_processes() -> dict[int, str]:
+    """pid -> command line of every live process but this one (zombies have none)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -16,6 +16,11 @@ def running_with(marker: str) -> list[str]:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in command:
-            found.append(command)
+        if command:
+            found[int(entry.name)] = command
     return found
+
+
+def running_with(marker: str) -> list[str]:
+    """Command lines of live processes (other than this one) that mention ``marker``."""
+    return [command for command in live_processes().values() if marker in command]

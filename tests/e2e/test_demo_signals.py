@@ -24,25 +24,11 @@ import yaml
 
 from knittrans.shm import list_segments, remove_segments
 from tests.doc_blocks import ROOT
+from tests.live_processes import live_processes
 
 START_TIMEOUT_SECONDS = 300.0  # the whole stack starting on a loaded machine
 GONE_TIMEOUT_SECONDS = 120.0  # the run's stop grace is 10 s; this only bounds a broken run
 Jobs = list[tuple[Path, str]]  # (output directory, job) of each run a test started
-
-
-def _live_processes() -> dict[int, str]:
-    """pid -> command line of every live process but this one (zombies have none)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if command:
-            found[int(entry.name)] = command
-    return found
 
 
 def _run_processes(out: Path, job: str) -> dict[int, str]:
@@ -53,7 +39,7 @@ def _run_processes(out: Path, job: str) -> dict[int, str]:
         store = urlsplit(yaml.safe_load(config.read_text())["store"])
         if store.scheme == "mooncake":
             markers += [f"--master_server_address={store.netloc}", f"--rpc_port={store.port}"]
-    return {pid: command for pid, command in _live_processes().items() if any(m in command for m in markers)}
+    return {pid: command for pid, command in live_processes().items() if any(m in command for m in markers)}
 
 
 def _wait_until(condition, what: str, demo: subprocess.Popen, timeout: float = START_TIMEOUT_SECONDS) -> None:
@@ -133,14 +119,25 @@ CHAOS = ("--config", str(ROOT / "examples" / "demo" / "chaos.yaml"), "--chaos", 
 RUNS = {"plain": ("--train-batches", "20"), "chaos": CHAOS}
 
 
-@pytest.mark.parametrize("run", sorted(RUNS))
-def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path, clean_job: Jobs, run: str) -> None:
+def _start_running(tmp_path: Path, clean_job: Jobs, run: str) -> tuple[subprocess.Popen, Path, str]:
+    """Start a demo of ``run`` and return once its workers run (and, with chaos, a fault was restarted)."""
     demo, out, job = _start(tmp_path, *RUNS[run])
     clean_job.append((out, job))
     try:
         _wait_for_workers(demo, out, job)
         if run == "chaos":
             _wait_for_a_restart(demo, out, job)
+    except BaseException:
+        demo.kill()
+        demo.wait()
+        raise
+    return demo, out, job
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path, clean_job: Jobs, run: str) -> None:
+    demo, out, job = _start_running(tmp_path, clean_job, run)
+    try:
         demo.send_signal(signal.SIGTERM)
         demo.wait(timeout=GONE_TIMEOUT_SECONDS)
     finally:
@@ -158,12 +155,8 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path, clean_
 
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_a_killed_demo_driver_takes_its_processes_with_it(tmp_path: Path, clean_job: Jobs, run: str) -> None:
-    demo, out, job = _start(tmp_path, *RUNS[run])
-    clean_job.append((out, job))
+    demo, out, job = _start_running(tmp_path, clean_job, run)
     try:
-        _wait_for_workers(demo, out, job)
-        if run == "chaos":
-            _wait_for_a_restart(demo, out, job)
         demo.send_signal(signal.SIGKILL)
         demo.wait(timeout=GONE_TIMEOUT_SECONDS)
     finally:
