@@ -27,6 +27,7 @@ from knittrans.admission.engine import (
     Wait,
     decide,
 )
+from knittrans.admission.engine.holding import WaitHold, wait_hold
 from knittrans.admission.replay.config import ReplayConfig
 from knittrans.admission.replay.progress import ProgressBar
 from knittrans.admission.replay.trace import Trace, TraceRecord
@@ -201,6 +202,9 @@ def replay_policy(
     # The wait in force holds while the state's generation and the version stay as they were when it was applied,
     # until its wake_at (AdmissionState.generation): then deciding again would return the same wait.
     settled_generation, settled_version, settled_until = -1, -1, -inf
+    # Past the generation, reports that cannot change the wait in force keep it (engine.holding).
+    hold: WaitHold | None = None
+    view = state.decision_view
     if entries is None or entries.trace is not trace:
         entries = EntryCache(trace)
     cached_entries = entries.entries
@@ -245,11 +249,17 @@ def replay_policy(
                     accepted=record.accepted,
                 )
             add(entry)
+            if hold is not None and not hold.survives_report(view, entry):
+                hold = None
             next_arrival += 1
             if progress is not None and next_arrival % _PROGRESS_EVERY == 0:
                 progress.update(next_arrival)
 
-        if state.generation == settled_generation and version == settled_version and now < settled_until:
+        if (
+            version == settled_version
+            and now < settled_until
+            and (hold is not None or state.generation == settled_generation)
+        ):
             continue
         try:
             while True:
@@ -262,6 +272,7 @@ def replay_policy(
                         heapq.heappush(timers, wake_at)
                     settled_generation, settled_version = state.generation, version
                     settled_until = inf if wake_at is None else wake_at
+                    hold = wait_hold(view, decision)
                     break
                 if kind is Drop:
                     dropped[decision.reason] += len(decision.trajectory_ids)
