@@ -1,11 +1,12 @@
 """The serialised assignment messages of one admitted mini-batch, built once and shared by its streams.
 
 A backbone consumer's message is its DP rank's (``RankAssignment``), the same bytes for every CP rank of it; an
-encoder consumer's is its own. The first stream that asks for a mini-batch starts one build of every planned
-message, encoders first (backbone consumers wait on their encodings), then DP rank after DP rank; each message
-is handed to its streams as soon as it is serialised, and the bytes go out as they are (the server boundary
-passes ``bytes`` through its serializer). Nothing here repeats the admitted trajectory ids: a stream that asks
-for them (``include_trajectory_ids``) gets them added to its own copy.
+encoder consumer's is its own. For a large mini-batch, the first stream that asks starts one build of every
+planned message off the loop, encoders first (backbone consumers wait on their encodings), then DP rank after DP
+rank; each message is handed to its streams as soon as it is serialised. A small mini-batch's messages are built
+on the loop, each when its first stream asks, so that no stream waits for the others' messages to be built. The
+bytes go out as they are (the server boundary passes ``bytes`` through its serializer). Nothing here repeats the
+admitted trajectory ids: a stream that asks for them (``include_trajectory_ids``) gets them added to its own copy.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class MiniBatchMessages:
     def __init__(self, minibatch: AdmittedMiniBatch, topology: Topology, role: str = BACKBONE_ROLE) -> None:
         self._keys = planned_keys(topology, role)
         self._futures: dict[ConsumerId, asyncio.Future[bytes]] = {}
+        self._built_inline: dict[ConsumerId, bytes] = {}
+        self._unbuilt = set(self._keys)
         admission = admission_pb2.MiniBatchAdmission()
         admission.CopyFrom(minibatch.admission)
         admission.ClearField("trajectory_ids")
@@ -93,8 +96,10 @@ class MiniBatchMessages:
     async def get(
         self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, key: ConsumerId, builder: Executor | None
     ) -> bytes:
-        """Message ``key``'s bytes; the first call starts the build of all of them (on ``builder``, or on the
-        loop when it is None)."""
+        """Message ``key``'s bytes. With a ``builder``, the first call starts the build of all of them on it;
+        without one, each is built on the loop when it is first asked for."""
+        if builder is None:
+            return self._inline(minibatch, dispatch, key)
         if not self._futures:
             self._start(minibatch, dispatch, builder)
         future = self._futures.get(key)
@@ -105,18 +110,26 @@ class MiniBatchMessages:
         # Shielded: a stream that goes away must not cancel the message its DP rank's other streams wait for.
         return await asyncio.shield(future)
 
-    def _start(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, builder: Executor | None) -> None:
+    def _inline(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, key: ConsumerId) -> bytes:
+        data = self._built_inline.get(key)
+        if data is None:
+            data = assignment_bytes(minibatch, dispatch, self._admission, key)
+            if key in self._unbuilt:  # a planned message (an unplanned one, which cannot happen, is not kept)
+                self._built_inline[key] = data
+                self._unbuilt.discard(key)
+                if not self._unbuilt:
+                    dispatch.release_views()
+        return data
+
+    def _start(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, builder: Executor) -> None:
         loop = asyncio.get_running_loop()
         self._futures = {key: loop.create_future() for key in self._keys}
-        if builder is None:
-            _build_all(minibatch, dispatch, self._admission, self._keys, _setter(self._futures, None))
-            return
         # The build holds the dispatch only while it runs; the futures then hold nothing but bytes.
         builder.submit(_build_all, minibatch, dispatch, self._admission, self._keys, _setter(self._futures, loop))
 
 
 def _setter(
-    futures: dict[ConsumerId, asyncio.Future[bytes]], loop: asyncio.AbstractEventLoop | None
+    futures: dict[ConsumerId, asyncio.Future[bytes]], loop: asyncio.AbstractEventLoop
 ) -> Callable[[ConsumerId, bytes | None, BaseException | None], None]:
     def settle(future: asyncio.Future[bytes], data: bytes | None, error: BaseException | None) -> None:
         if future.done():
@@ -127,11 +140,7 @@ def _setter(
             future.set_result(data)  # type: ignore[arg-type]
 
     def publish(key: ConsumerId, data: bytes | None, error: BaseException | None) -> None:
-        future = futures[key]
-        if loop is None:
-            settle(future, data, error)
-        else:
-            loop.call_soon_threadsafe(settle, future, data, error)
+        loop.call_soon_threadsafe(settle, futures[key], data, error)
 
     return publish
 

@@ -133,32 +133,38 @@ def gather_rows(located: Sequence[tuple[TrajectoryColumns, int]]) -> MiniBatchRo
 
 
 class _Views:
-    """The plan's arrays as Python tuples and the indices the parts' builds read, made once per mini-batch
-    (indexing numpy one value at a time is slow, and converting the whole plan for each consumer made dispatch
-    O(consumers × trajectories)). Tuples of numbers, which the collector stops tracking."""
+    """The plan's backbone arrays as Python tuples, made once per mini-batch (indexing numpy one value at a time
+    is slow, and converting the whole plan for each consumer made dispatch O(consumers × trajectories)). Tuples of
+    numbers, which the collector stops tracking."""
 
-    def __init__(self, layout: PlanLayout, rows: MiniBatchRows):
+    def __init__(self, layout: PlanLayout):
         b = layout.backbone
-        route = layout.route
         self.microbatch_offsets = tuple(b.microbatch_offsets.tolist())
         self.microbatch_items = tuple(b.microbatch_items.tolist())
         self.microbatch_loss_tokens = tuple(b.microbatch_loss_tokens.tolist())
         self.padded_tokens = tuple(b.padded_tokens.tolist())
         self.reference_encodings = tuple(layout.encodings.reference_encodings.tolist())
+
+
+class _EncoderViews:
+    """What the encoder consumers' parts read, made once per mini-batch, apart from the backbone's views: a DP
+    rank's message does not wait for the routes to be encoded."""
+
+    def __init__(self, layout: PlanLayout, rows: MiniBatchRows):
+        route = layout.route
         # Every route row's EncodingRoutes columns, varint-encoded once (rows sorted by encoding).
         references = route.references
         trajectories = rows.references.trajectories[references]
-        self.encoding_route_bounds = tuple(np.searchsorted(route.encodings, np.arange(len(layout.encodings) + 1))
-                                           .tolist())
+        bounds = tuple(np.searchsorted(route.encodings, np.arange(len(layout.encodings) + 1)).tolist())
         self.routes = RouteWire({
             "dp_ranks": route.dp_ranks, "cp_ranks": route.cp_ranks, "tp_ranks": route.tp_ranks,
             "microbatches": route.microbatches, "trajectory_indices": trajectories, "references": references,
             "position_starts": route.starts, "position_ends": route.ends,
             "row_starts": route.starts - rows.references.starts[references],
-        }, [rows.trajectory_ids[t] for t in trajectories.tolist()], self.encoding_route_bounds)
+        }, [rows.trajectory_ids[t] for t in trajectories.tolist()], bounds)
         self.reference_trajectories = tuple(rows.references.trajectories.tolist())
         self.reference_starts = tuple(rows.references.starts.tolist())
-        # Encoders: each encoding's first reference, and its rows of the route (sorted by encoding).
+        # Each encoding's first reference.
         table = layout.encodings
         first_of_trajectory = np.searchsorted(rows.references.trajectories, table.source_trajectory, side="left")
         self.encoding_sources = tuple((first_of_trajectory + table.source_reference).tolist())
@@ -191,6 +197,7 @@ class MiniBatchDispatch:
             balance_target=balance_target,
         )
         self._views: _Views | None = None
+        self._encoder_views: _EncoderViews | None = None
         self._rank_columns: TrajectoryColumns | None = None
 
     @property
@@ -200,12 +207,19 @@ class MiniBatchDispatch:
     @property
     def views(self) -> _Views:
         if self._views is None:
-            self._views = _Views(self.layout, self.rows)
+            self._views = _Views(self.layout)
         return self._views
+
+    @property
+    def encoder_views(self) -> _EncoderViews:
+        if self._encoder_views is None:
+            self._encoder_views = _EncoderViews(self.layout, self.rows)
+        return self._encoder_views
 
     def release_views(self) -> None:
         """Every part is built: drop the views (a later build, say for a reconnecting stream, makes them again)."""
         self._views = None
+        self._encoder_views = None
         self._rank_columns = None
 
     def _rank_batch(self, dp_rank: int) -> trajectory_pb2.TrajectoryBatch:
@@ -267,7 +281,7 @@ class MiniBatchDispatch:
         name = consumer.encoder_name
         if name is None:
             raise InvalidArgument("a backbone consumer's part is its DP rank's (rank_fields)", field="consumer")
-        views = self.views
+        views = self.encoder_views
         per_rank, offsets, encodings = views.encoders[name]
         groups = [encodings[offsets[g]:offsets[g + 1]]
                   for g in range(consumer.dp_rank * per_rank, (consumer.dp_rank + 1) * per_rank)]
@@ -287,7 +301,7 @@ class MiniBatchDispatch:
                 encoding.routes.MergeFromString(routes.encoding_bytes(e))
         return message
 
-    def _encoding(self, views: _Views, e: int, r: int) -> dict:
+    def _encoding(self, views: _EncoderViews, e: int, r: int) -> dict:
         """Encoding e (whose first reference is r) without its routes."""
         rows = self.rows
         refs = rows.references
