@@ -8,10 +8,14 @@ rows have gathered, their live rows are merged into one block (:func:`merge_rows
 (ids, keys, hashes) with the blocks it replaces, which the unit index references too, so nothing is held twice;
 rows of reports that came as messages keep their block (their original messages are what the ledger answers).
 
-The merge runs on the report path, so it is kept short: a few blocks at a time (a merged block that is still small
-is merged again later). Merging 64 at once cost about 9 ms in the service every 64 small reports, which set the
-report-to-assignment p99; merging 8 costs about a millisecond, for about 100 bytes more per pending trajectory
-in reports of 10.
+Merges are kept short: a few blocks at a time (a merged block that is still small is merged again later).
+Merging 64 at once cost about 9 ms in the service every 64 small reports, which set the report-to-assignment p99;
+merging 8 costs one or two milliseconds, for about 100 bytes more per pending trajectory in reports of 10. Even
+that is kept off the report's path: applying a record only notes its block (:func:`note_small_block`), and the
+merge (:func:`merge_small_blocks`) is queued on the event loop when the mutating call that made it due lets go
+of the commit lock (``JournaledCommits.mutating``), behind that call's answer and the assignment streams it woke.
+Applying a record merges only as a backstop, when far more small blocks gathered than a merge takes (a journal's
+recovery applies records back to back).
 """
 
 from __future__ import annotations
@@ -32,18 +36,29 @@ if TYPE_CHECKING:
 
 SMALL_BLOCK = 128  # rows
 COALESCE_AT = 8  # small blocks (see the module docstring)
+BACKSTOP_AT = 4 * COALESCE_AT  # small blocks merged as a record is applied, when nobody merged them since
 
 
-def coalesce_small_blocks(ledger: AdmissionLedger) -> None:
-    """Call after each applied record: notes the block it added, if small, and merges the small blocks once
-    ``COALESCE_AT`` of them gathered."""
+def note_small_block(ledger: AdmissionLedger) -> None:
+    """Call after each applied record: notes the block it added, if small; merges only as the backstop (see the
+    module docstring)."""
     newest = ledger._next_block - 1
     if newest > ledger._examined_block:
         ledger._examined_block = newest
         block = ledger._blocks.get(newest)
         if block is not None and block.columns.messages is None and len(block.columns) < SMALL_BLOCK:
             ledger._small_blocks.append(newest)
-    if len(ledger._small_blocks) >= COALESCE_AT:
+    if len(ledger._small_blocks) >= BACKSTOP_AT:
+        merge_blocks(ledger, ledger._small_blocks)
+
+
+def merge_due(ledger: AdmissionLedger) -> bool:
+    return len(ledger._small_blocks) >= COALESCE_AT
+
+
+def merge_small_blocks(ledger: AdmissionLedger) -> None:
+    """Merge the small blocks noted, if ``COALESCE_AT`` of them gathered."""
+    if merge_due(ledger):
         merge_blocks(ledger, ledger._small_blocks)
 
 

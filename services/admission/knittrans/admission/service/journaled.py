@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from knittrans.admission.service.block_merge import coalesce_small_blocks
+from knittrans.admission.service.block_merge import merge_due, merge_small_blocks, note_small_block
 from knittrans.admission.service.ingest.report import Classified
 from knittrans.admission.service.journal import (
     Journal,
@@ -147,13 +147,19 @@ class JournaledCommits:
             yield
         finally:
             self.lock.release()
+            if merge_due(self._ledger):  # queued after whatever the call woke (assignment streams): block_merge
+                asyncio.get_running_loop().call_soon(self._merge_small_blocks)
+
+    def _merge_small_blocks(self) -> None:
+        if not self.lock.locked():  # else the call that holds it merges when it lets go
+            merge_small_blocks(self._ledger)
 
     def apply(self, record: journal_pb2.JournalRecord, prepared: Classified | None = None) -> Applied | None:
         """Apply a journaled record to the ledger, once: None if its sequence was applied already."""
         if not is_next(self._applied_sequence, record.sequence):
             return None
         applied = self._ledger.apply(record, prepared)
-        coalesce_small_blocks(self._ledger)
+        note_small_block(self._ledger)
         self._applied_sequence = record.sequence
         if self._snapshot_every and record.sequence - self._snapshot_sequence >= self._snapshot_every:
             self.snapshot_due.set()

@@ -25,7 +25,7 @@ from knittrans.admission.engine.decisions import Admit, Wait
 from knittrans.admission.service import reservation_gc
 from knittrans.admission.service.assignment_messages import AssignmentMessages
 from knittrans.admission.service.attachments import attach_fields, ready_for, role_verdict
-from knittrans.admission.service.block_merge import coalesce_small_blocks
+from knittrans.admission.service.block_merge import note_small_block
 from knittrans.admission.service.checkpoints import check_streamable, report_checkpoint
 from knittrans.admission.service.deleter import UnitDeleter
 from knittrans.admission.service.gc_pacing import collect_young_objects
@@ -180,7 +180,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             applied = self._commits.apply(record, report) or Applied()
         else:  # nothing would keep the record: apply the report without building it
             applied = self._ledger.apply_report(at, report)
-            coalesce_small_blocks(self._ledger)
+            note_small_block(self._ledger)
         await self._after(applied, at)
         return applied
 
