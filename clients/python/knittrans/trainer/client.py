@@ -152,7 +152,7 @@ class TrainerClient:
 
         self._stager = Stager(self._settings.device, materialise=self._eager, prefetch=self._settings.prefetch)
         self._prefetcher = prefetcher = Prefetcher(self._settings, self._stub, self._stager, self.stats,
-                                                   restored_step=self._restored_step)
+                                                   interrupt=self._channel.close, restored_step=self._restored_step)
         self._feed = MiniBatchFeed(
             take_next_of=prefetcher.take_next_of, ready_for_use=self._ready_for_use, release=prefetcher.release,
             complete=self._complete, context=self.minibatch_context, own=prefetcher.own,

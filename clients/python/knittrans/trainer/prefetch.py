@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -79,7 +80,9 @@ class Prefetcher:
     copies them out of the slot, which is then released at once."""
 
     def __init__(self, settings: TrainerSettings, stub: reorg_service_pb2_grpc.ReorgServiceStub, stager: Any,
-                 stats: TrainerStats, *, restored_step: StepId | None = None) -> None:
+                 stats: TrainerStats, *, interrupt: Callable[[], None], restored_step: StepId | None = None) -> None:
+        """``interrupt`` ends the long poll in flight (closing the channel ``stub`` calls on): :meth:`stop` calls it
+        once the release thread sent what it had."""
         self._settings = settings
         self._stub = stub
         self._stager = stager
@@ -90,7 +93,7 @@ class Prefetcher:
         )
         self._stop = threading.Event()
         self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
-        self._in_flight: Any = None  # the pending long poll, cancelled by stop()
+        self._interrupt = interrupt
         # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
         self.session = uuid.uuid4().hex
         self.completed_through = 0  # the training loop finished every mini-batch up to this sequence
@@ -110,14 +113,12 @@ class Prefetcher:
         self._releaser.start()
 
     def stop(self) -> None:
-        """Cancel the long poll in flight and wait (a bounded time) for both threads to end."""
+        """Send the releases queued, end the long poll in flight, and wait (a bounded time) for both threads."""
         self._stop.set()
-        in_flight = self._in_flight
-        if in_flight is not None:
-            in_flight.cancel()
-        self._fetcher.join(timeout=self._settings.poll_seconds + 2)
         self._release_queue.put(None)
         self._releaser.join(timeout=self._settings.poll_seconds + 2)
+        self._interrupt()
+        self._fetcher.join(timeout=self._settings.poll_seconds + 2)
 
     # ---- the training loop's side ------------------------------------------------------------------------
 
@@ -226,12 +227,9 @@ class Prefetcher:
             if self._restored is not None and not incarnation:  # until the restored delivery has begun
                 request.restored_step.CopyFrom(self._restored)
             try:
-                self._in_flight = self._stub.NextMicroBatch.future(request, timeout=settings.poll_seconds)
-                if self._stop.is_set():
-                    return
-                response = self._in_flight.result()
-            except grpc.FutureCancelledError:
-                return
+                # A blocking call, not a future: each future call on an otherwise idle channel starts a thread to
+                # wait for its completion (about a millisecond per micro-batch, competing with the training loop).
+                response = self._stub.NextMicroBatch(request, timeout=settings.poll_seconds)
             except grpc.RpcError as error:
                 if self._stop.is_set():
                     return
