@@ -186,15 +186,18 @@ def check_schema(
     units = np.flatnonzero(np.repeat(columns.accepted, np.diff(offsets)))
     table = _signature_table(columns, units)
     width = len(schema.fields)
+    signatures = None
     if not len(wrong_count) and width and len(units):
         # Reports usually carry the same fields in the same order for every trajectory: then one trajectory's
-        # units are every signature there is.
+        # units are every signature there is (checked as they are: sorting out repeats costs more than they do).
         per_trajectory = table.reshape(len(accepted), -1)
         if (per_trajectory == per_trajectory[0]).all():
-            table = table[:width]
-    unique, first = np.unique(table, axis=0, return_index=True)
+            signatures = zip(table[:width].tolist(), range(width), strict=True)
+    if signatures is None:
+        unique, first = np.unique(table, axis=0, return_index=True)
+        signatures = zip(unique.tolist(), first.tolist(), strict=True)
     bad_units = []
-    for signature, position in zip(unique.tolist(), first.tolist(), strict=True):
+    for signature, position in signatures:
         unit = int(units[position])
         expected = schema.fields.get(columns.field_names[signature[0]])
         if expected is None or expected != _unit_schema(columns, unit):
