@@ -228,7 +228,7 @@ class Prefetcher:
                 request.restored_step.CopyFrom(self._restored)
             try:
                 # A blocking call, not a future: each future call on an otherwise idle channel starts a thread to
-                # wait for its completion (about a millisecond per micro-batch, competing with the training loop).
+                # wait for its completion, one per micro-batch, competing with the training loop for the GIL.
                 response = self._stub.NextMicroBatch(request, timeout=settings.poll_seconds)
             except grpc.RpcError as error:
                 if self._stop.is_set():
