@@ -99,7 +99,7 @@ def test_a_held_completion_wait_is_what_decide_gives_again(
 def _check_every_held_wait(config: EngineConfig, events: list[tuple]) -> None:
     state = AdmissionState(config, version=0)
     sources = state.targets.sources
-    version, now, checked = 0, 0.0, 0
+    version, now = 0, 0.0
     wait = _decide_until_wait(state, now, version)
     hold = wait_hold(state.decision_view, wait)
     for i, event in enumerate(events):
@@ -133,7 +133,6 @@ def _check_every_held_wait(config: EngineConfig, events: list[tuple]) -> None:
             assert (again.reason, again.since, again.wake_at) == (wait.reason, wait.since, wait.wake_at)
             if again.reason is not BlockingReason.COMPLETION_QUOTA:
                 assert again.detail == wait.detail
-            checked += 1
             continue
         try:
             wait = _decide_until_wait(state, now, version)

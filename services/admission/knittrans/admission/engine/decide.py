@@ -123,11 +123,9 @@ def _first_unmet_target(view: DecisionView, train_version: int) -> tuple[Blockin
     """The first per-source or completion target P_{i,t} that does not hold, with a detail message."""
     targets = view.targets
     minibatch = view.minibatch_index
-    source_targets = view.source_targets
-    if source_targets:
-        for index, (ready, admitted) in enumerate(zip(view.pool.sizes, view.admitted, strict=True)):
-            if ready + admitted < source_targets[index]:
-                return BlockingReason.SOURCE_QUOTA, view.source_details[index]
+    source = first_unmet_source(view)
+    if source is not None:
+        return BlockingReason.SOURCE_QUOTA, view.source_details[source]
     completion = view.completion
     if completion is not None and targets.completion_alpha is not None:
         unmet = completion.first_unmet(train_version, targets.completion_alpha[minibatch])
@@ -138,6 +136,16 @@ def _first_unmet_target(view: DecisionView, train_version: int) -> tuple[Blockin
                 f"rollout step {step}: {completed} of {completion.scheduled(step)} scheduled trajectories "
                 f"completed, below its target {target} for mini-batch {minibatch + 1}/{targets.num_minibatches}",
             )
+    return None
+
+
+def first_unmet_source(view: DecisionView) -> int | None:
+    """The first source whose ready plus admitted units are below its progressive target, or None."""
+    source_targets = view.source_targets
+    if source_targets:
+        for index, (ready, admitted) in enumerate(zip(view.pool.sizes, view.admitted, strict=True)):
+            if ready + admitted < source_targets[index]:
+                return index
     return None
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from knittrans.admission.engine.decide import first_unmet_source
 from knittrans.admission.engine.decisions import BlockingReason, Wait
 from knittrans.admission.engine.entries import PoolEntry
 from knittrans.admission.engine.view import DecisionView
@@ -87,11 +88,8 @@ def wait_hold(view: DecisionView, wait: Wait) -> WaitHold | None:
     bound = targets.staleness_bound
     min_version = None if bound is None else train_version - bound
     if reason is BlockingReason.SOURCE_QUOTA:
-        source_targets = view.source_targets
-        for index, (ready, admitted) in enumerate(zip(view.pool.sizes, view.admitted, strict=True)):
-            if ready + admitted < source_targets[index]:
-                return WaitHold(reason=reason, min_version=min_version, blocking_source=index)
-        return None
+        source = first_unmet_source(view)
+        return None if source is None else WaitHold(reason=reason, min_version=min_version, blocking_source=source)
     if reason is BlockingReason.COMPLETION_QUOTA:
         completion, alphas = view.completion, targets.completion_alpha
         if completion is None or alphas is None:

@@ -63,25 +63,28 @@ def merge_small_blocks(ledger: AdmissionLedger) -> None:
 
 
 def merge_blocks(ledger: AdmissionLedger, numbers: Sequence[int]) -> None:
-    """Replace these blocks by one block of their live rows, in order."""
+    """Replace these blocks by one block of their live rows, in order. The blocks are dropped only once the merged
+    one is made: a merge that fails leaves the ledger as it was (it runs on the loop, after the reports it holds
+    were acknowledged)."""
     from knittrans.admission.service.ledger import _BLOCK_SHIFT, _Block
 
     parts: list[tuple[TrajectoryColumns, list[int]]] = []
     oldest: list[int] = []
     rows_of = ledger._rows
-    for number in numbers:
-        block = ledger._blocks.pop(number, None)
-        if block is None:
-            continue
+    merged = [number for number in numbers if number in ledger._blocks]
+    for number in merged:
+        block = ledger._blocks[number]
         base = number << _BLOCK_SHIFT
         rows = [i for i, t in enumerate(block.columns.trajectory_ids) if rows_of.get(t) == base + i]
         if rows:
             parts.append((block.columns, rows))
             oldest.extend(block.oldest[i] for i in rows)
+    columns = merge_rows(parts) if parts else None
     ledger._small_blocks = []
-    if not parts:
+    for number in merged:
+        del ledger._blocks[number]
+    if columns is None:
         return
-    columns = merge_rows(parts)
     number = ledger._next_block
     ledger._next_block += 1
     ledger._examined_block = number
