@@ -1,16 +1,23 @@
 """The admission service at cluster scale: report-to-last-assignment latency and bytes sent per mini-batch.
 
-One service process per cell (trajectories per mini-batch × assignment streams), in memory. A watcher process
-holds every planned consumer's WatchAssignments stream (asyncio, raw bytes: decoding is the consumers' own
-work) and records when each stream receives each mini-batch and how many bytes it carried. Per round, the
-mini-batch's trajectories but one are reported (in reports of at most 1,000), then the clock starts and the
-last one is reported: the latency runs to the LAST stream receiving the mini-batch's assignment (and, beside it,
-to the first), the ack to that report's answer. One untimed round warms each cell up; the figures are medians
-over the timed rounds.
+One service process per cell (trajectories per mini-batch × consumers) and arm, in memory. A watcher process
+holds the assignment streams (asyncio, raw bytes: decoding is the consumers' own work) and records when each
+consumer receives each mini-batch and how many bytes its stream carried. Two arms, run one after the other for
+each cell, alternating which goes first:
 
-Streams: 5 = backbone dp 2 × cp 2 + 1 encoder rank; 80 = dp 16 × cp 4 + 16; 320 = dp 64 × cp 4 + 64.
+- ``consumer``: one WatchAssignments stream per planned consumer (a sidecar process each);
+- ``node``: one WatchNodeAssignments stream per node of 8 GPUs, for the consumers placed on it (the backbone's
+  (DP, CP) ranks in order, 8 to a node, and the encoder ranks spread over the same GPUs), as a sidecar process
+  hosting a node's consumers holds it.
 
-    python benchmarks/admission_service.py --scale [--scale-quick]
+Per round, the mini-batch's trajectories but one are reported (in reports of at most 1,000), then the clock
+starts and the last one is reported: the latency runs to the LAST consumer receiving its assignment (and,
+beside it, to the first), the ack to that report's answer. One untimed round warms each cell up; the figures
+are medians over the timed rounds.
+
+Consumers: 5 = backbone dp 2 × cp 2 + 1 encoder rank; 80 = dp 16 × cp 4 + 16; 320 = dp 64 × cp 4 + 64.
+
+    python benchmarks/admission_service.py --scale [--scale-quick] [--arms consumer node]
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ NUM_MINIBATCHES = 4
 MAX_MESSAGE = 256 << 20
 TARGETS_MS = {"4096x320": 200.0, "512x320": 40.0}
 TARGET_BYTES = {"4096x320": 12_000_000}
+GPUS_PER_NODE = 8
+ARMS = ("consumer", "node")
 
 
 def _write_config(path: Path, trajectories: int, streams: int) -> Path:
@@ -76,8 +85,55 @@ def _sequence_of(raw: bytes) -> int:
     return pb.WatchAssignmentsResponse.FromString(raw).sequence
 
 
-def _watch_all(address: str, streams: int, connected, arrivals) -> None:
-    """Hold every consumer's stream; put (sequence, stream, arrival time, bytes) for each message received."""
+def _nodes(streams: int) -> list[list[int]]:
+    """Which consumers (positions in :func:`_consumers`) each node of 8 GPUs hosts."""
+    dp, cp, encoder_dp = STREAMS[streams]
+    gpus = dp * cp
+    nodes: dict[int, list[int]] = {}
+    for position in range(gpus):  # backbone (d, c) is GPU d·cp + c
+        nodes.setdefault(position // GPUS_PER_NODE, []).append(position)
+    for e in range(encoder_dp):  # encoder rank e on GPU e·gpus/encoder_dp
+        nodes.setdefault(e * gpus // encoder_dp // GPUS_PER_NODE, []).append(gpus + e)
+    return [nodes[k] for k in sorted(nodes)]
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = raw[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def _node_parts(raw: bytes) -> list[tuple[int, list[int]]]:
+    """(sequence, consumer positions) of each message of a WatchNodeAssignmentsResponse, read off the wire
+    without decoding the messages (the consumers decode their own)."""
+    parts, at = [], 0
+    while at < len(raw):
+        _, at = _varint(raw, at)  # field 1, length-delimited: one NodeAssignment
+        size, at = _varint(raw, at)
+        end, positions, sequence = at + size, [], 0
+        while at < end:
+            tag, at = _varint(raw, at)
+            length, at = _varint(raw, at)
+            if tag >> 3 == 1:  # packed consumer_indices
+                stop = at + length
+                while at < stop:
+                    position, at = _varint(raw, at)
+                    positions.append(position)
+            else:  # the WatchAssignmentsResponse
+                sequence = _sequence_of(raw[at:at + 11])
+                at += length
+        parts.append((sequence, positions))
+    return parts
+
+
+def _watch_all(address: str, streams: int, arm: str, connected, arrivals) -> None:
+    """Hold the arm's streams; put (sequence, consumer, arrival time, bytes) for each consumer's message received
+    (a node stream's bytes counted once, on the first of its consumers)."""
 
     async def watch(channel: grpc.aio.Channel, index: int, consumer: topology_pb2.ConsumerId) -> None:
         call = channel.unary_stream("/knittrans.v1.AdmissionService/WatchAssignments",
@@ -87,6 +143,19 @@ def _watch_all(address: str, streams: int, connected, arrivals) -> None:
         async for raw in call:
             arrivals.put((_sequence_of(raw), index, time.perf_counter(), len(raw)))
 
+    async def watch_node(channel: grpc.aio.Channel, members: list[int],
+                         consumers: list[topology_pb2.ConsumerId]) -> None:
+        call = channel.unary_stream("/knittrans.v1.AdmissionService/WatchNodeAssignments",
+                                    request_serializer=pb.WatchNodeAssignmentsRequest.SerializeToString,
+                                    response_deserializer=lambda raw: raw)(
+            pb.WatchNodeAssignmentsRequest(consumers=[consumers[m] for m in members]))
+        async for raw in call:
+            at, size = time.perf_counter(), len(raw)
+            for sequence, positions in _node_parts(raw):
+                for position in positions:
+                    arrivals.put((sequence, members[position], at, size))
+                    size = 0
+
     async def main() -> None:
         options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.use_local_subchannel_pool", 1)]
         # A few connections, as many sidecars would use: one HTTP/2 connection for 320 streams is its own limit.
@@ -94,8 +163,13 @@ def _watch_all(address: str, streams: int, connected, arrivals) -> None:
                     for k in range(8)]
         for channel in channels:
             await channel.channel_ready()
-        watches = [asyncio.ensure_future(watch(channels[i % len(channels)], i, consumer))
-                   for i, consumer in enumerate(_consumers(streams))]
+        consumers = _consumers(streams)
+        if arm == "node":
+            watches = [asyncio.ensure_future(watch_node(channels[k % len(channels)], members, consumers))
+                       for k, members in enumerate(_nodes(streams))]
+        else:
+            watches = [asyncio.ensure_future(watch(channels[i % len(channels)], i, consumer))
+                       for i, consumer in enumerate(consumers)]
         # A stream opened late still gets every mini-batch (after_sequence 0), and the first round is untimed.
         await asyncio.sleep(1.0)
         connected.set()
@@ -110,14 +184,15 @@ def _minibatch(prefix: str, trajectories: int, rng: np.random.Generator):
     return [trajectory(prefix, i, int(rng.integers(300, 4000))) for i in range(trajectories)]
 
 
-def measure_cell(workdir: Path, trajectories: int, streams: int, rounds: int) -> dict:
+def measure_cell(workdir: Path, trajectories: int, streams: int, rounds: int, arm: str) -> dict:
     from admission_service import Service, report_request
 
     service = Service(_write_config(workdir / f"scale-{trajectories}-{streams}.yaml", trajectories, streams), workdir)
     context = multiprocessing.get_context("spawn")
     connected = context.Event()
     arrivals = context.Queue()
-    watcher = context.Process(target=_watch_all, args=(service.address, streams, connected, arrivals), daemon=True)
+    watcher = context.Process(target=_watch_all, args=(service.address, streams, arm, connected, arrivals),
+                              daemon=True)
     watcher.start()
     try:
         if not connected.wait(timeout=120):
@@ -159,7 +234,8 @@ def measure_cell(workdir: Path, trajectories: int, streams: int, rounds: int) ->
         watcher.join()
         service.stop()
     return {
-        "cell": f"{trajectories}x{streams}", "trajectories": trajectories, "streams": streams, "rounds": rounds,
+        "cell": f"{trajectories}x{streams}", "arm": arm, "trajectories": trajectories, "consumers": streams,
+        "streams": streams if arm == "consumer" else len(_nodes(streams)), "rounds": rounds,
         "last_assignment_p50_ms": round(statistics.median(latencies), 2),
         "last_assignment_max_ms": round(max(latencies), 2),
         "report_ack_p50_ms": round(statistics.median(acks), 2),
@@ -168,15 +244,19 @@ def measure_cell(workdir: Path, trajectories: int, streams: int, rounds: int) ->
     }
 
 
-def run_scale(workdir: Path, *, rounds: int, trajectories: tuple[int, ...], streams: tuple[int, ...]) -> dict:
+def run_scale(workdir: Path, *, rounds: int, trajectories: tuple[int, ...], streams: tuple[int, ...],
+              arms: tuple[str, ...] = ARMS) -> dict:
     cells = []
+    flip = False
     for count in trajectories:
         for stream_count in streams:
-            cell = measure_cell(workdir, count, stream_count, rounds)
-            print(f"  scale {cell['cell']}: last assignment p50 {cell['last_assignment_p50_ms']} ms, first "
-                  f"{cell['first_assignment_p50_ms']} ms, ack p50 {cell['report_ack_p50_ms']} ms, "
-                  f"{cell['bytes_per_minibatch']} bytes", file=sys.stderr)
-            cells.append(cell)
+            for arm in (arms[::-1] if flip else arms):
+                cell = measure_cell(workdir, count, stream_count, rounds, arm)
+                print(f"  scale {cell['cell']} ({arm} streams: {cell['streams']}): last assignment p50 "
+                      f"{cell['last_assignment_p50_ms']} ms, first {cell['first_assignment_p50_ms']} ms, ack p50 "
+                      f"{cell['report_ack_p50_ms']} ms, {cell['bytes_per_minibatch']} bytes", file=sys.stderr)
+                cells.append(cell)
+            flip = not flip
     return {"benchmark": "admission_service", "mode": "scale", "cells": cells,
             "targets": {"last_assignment_p50_ms": TARGETS_MS, "bytes_per_minibatch": TARGET_BYTES}}
 

@@ -262,15 +262,18 @@ def main() -> None:
     parser.add_argument("--scale", action="store_true", help="latency to the last of many consumers, and bytes")
     parser.add_argument("--scale-quick", action="store_true", help="--scale with 2 timed rounds per cell")
     parser.add_argument("--trajectories", type=int, nargs="+", default=None, help="--scale: mini-batch sizes")
-    parser.add_argument("--streams", type=int, nargs="+", default=None, help="--scale: stream counts (5, 80, 320)")
+    parser.add_argument("--streams", type=int, nargs="+", default=None,
+                        help="--scale: consumer counts (5, 80, 320)")
+    parser.add_argument("--arms", nargs="+", choices=("consumer", "node"), default=None,
+                        help="--scale: a stream per consumer, and/or one per node of 8 GPUs (default both)")
     args = parser.parse_args()
     if args.scale or args.scale_quick:
-        from admission_scale import STREAMS, TRAJECTORIES, run_scale
+        from admission_scale import ARMS, STREAMS, TRAJECTORIES, run_scale
 
         rounds = 2 if args.scale_quick else (args.rounds if args.rounds != 200 else 24)
         with tempfile.TemporaryDirectory(prefix="knittrans-bench-") as tmp:
             result = run_scale(Path(tmp), rounds=rounds, trajectories=tuple(args.trajectories or TRAJECTORIES),
-                               streams=tuple(args.streams or STREAMS))
+                               streams=tuple(args.streams or STREAMS), arms=tuple(args.arms or ARMS))
         print(json.dumps(result, indent=2))
         return
     if args.quick:

@@ -156,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", default="file,mooncake",
                         help="KnitTrans unit stores, comma-separated: file, mooncake (default both)")
     parser.add_argument("--slots", type=int, default=2, help="ring slots per sidecar (default 2)")
+    parser.add_argument("--node-sidecars", action=argparse.BooleanOptionalAction, default=False,
+                        help="one sidecar process hosting every consumer over one assignment stream, as a node's "
+                             "(default: one process per consumer)")
     parser.add_argument("--prefetch", type=int, default=1, help="micro-batches each trainer stages ahead (default 1)")
     parser.add_argument("--encoder-microbatch-images", type=int, default=16,
                         help="encoder micro-batch budget, in images (default 16)")
@@ -197,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     try:
         clusters = KnitTransClusters(config, stores=stores, slots=arguments.slots, prefetch=arguments.prefetch,
-                                     encoder_microbatch_images=arguments.encoder_microbatch_images)
+                                     encoder_microbatch_images=arguments.encoder_microbatch_images,
+                                     node_sidecars=arguments.node_sidecars)
         order: list[tuple[str, Any]] = [("tq", arm) for arm in tq_arms] + [
             ("knittrans", (store, mode)) for store in stores for mode in (DeliveryMode.ITER, DeliveryMode.EAGER)]
         if roles_arm:

@@ -386,11 +386,12 @@ class KnitTransClusters:
     TransferQueue arms; :meth:`run` runs one arm on one of them."""
 
     def __init__(self, config: WorkloadConfig, *, stores: Sequence[str], slots: int = 2, prefetch: int = 1,
-                 encoder_microbatch_images: int = 16) -> None:
+                 encoder_microbatch_images: int = 16, node_sidecars: bool = False) -> None:
         self._workload = build_workload(config)
         self._prefetch = prefetch
         self._settings = {"ring_slots": slots, "trainer_prefetch": prefetch,
-                          "encoder_microbatch_images": encoder_microbatch_images}
+                          "encoder_microbatch_images": encoder_microbatch_images,
+                          "sidecar_processes": "one hosting every consumer" if node_sidecars else "one per consumer"}
         self._clusters: dict[str, Cluster] = {}
         self._next_step: dict[str, int] = {}
         self._described: dict[str, dict[str, Any]] = {}
@@ -399,7 +400,8 @@ class KnitTransClusters:
                 directory = Path(tempfile.mkdtemp(prefix=f"kt-transfer-{store}-"))
                 started = time.perf_counter()
                 cluster = start_cluster(config, store=store, directory=directory, slots=slots,
-                                        encoder_microbatch_images=encoder_microbatch_images)
+                                        encoder_microbatch_images=encoder_microbatch_images,
+                                        node_sidecars=node_sidecars)
                 self._clusters[store] = cluster
                 self._next_step[store] = 0
                 self._described[store] = {"store_url": cluster.store_url, "medium": STORE_MEDIA[store],

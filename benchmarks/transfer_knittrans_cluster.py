@@ -1,5 +1,7 @@
-"""The KnitTrans cluster the transfer benchmark's KnitTrans arms run against: the admission service and one reorg
-sidecar per consumer, each a real ``knittrans ... serve`` process that announces its address in a ready file."""
+"""The KnitTrans cluster the transfer benchmark's KnitTrans arms run against: the admission service and the reorg
+sidecars, each a real ``knittrans ... serve`` process that announces its address in a ready file. The sidecars
+run one process per consumer, or (``node_sidecars``) one process hosting every consumer, as one node's sidecar
+process does (``knittrans reorg serve --consumers ...``, one assignment stream for all of them)."""
 
 from __future__ import annotations
 
@@ -74,6 +76,16 @@ class Consumer:
     def name(self) -> str:
         return f"{self.role.replace(':', '_')}-dp{self.dp_rank}-cp{self.cp_rank}"
 
+    @property
+    def label(self) -> str:
+        """As the sidecar names it (ConsumerId's str)."""
+        return f"{self.role}/dp{self.dp_rank}/cp{self.cp_rank}"
+
+    @property
+    def flag(self) -> str:
+        """As ``--consumers`` takes it."""
+        return f"{self.role}:{self.dp_rank}:{self.cp_rank}"
+
 
 @dataclass
 class Cluster:
@@ -89,19 +101,22 @@ class Cluster:
         return self.admission.ready["address"]
 
     def socket(self, consumer: Consumer) -> str:
-        return self.sidecars[consumer].ready["address"]
+        ready = self.sidecars[consumer].ready
+        if "sidecars" in ready:  # a process hosting several consumers names each one's socket
+            return next(entry["address"] for entry in ready["sidecars"] if entry["consumer"] == consumer.label)
+        return ready["address"]
 
     def statuses(self) -> dict[Consumer, reorg_service_pb2.GetReorgStatusResponse]:
         result = {}
-        for consumer, process in self.sidecars.items():
-            with grpc.insecure_channel(process.ready["address"]) as channel:
+        for consumer in self.sidecars:
+            with grpc.insecure_channel(self.socket(consumer)) as channel:
                 result[consumer] = reorg_service_pb2_grpc.ReorgServiceStub(channel).GetReorgStatus(
                     reorg_service_pb2.GetReorgStatusRequest(), timeout=10)
         return result
 
     def stop(self) -> list[str]:
         """Stop everything; returns the shared-memory segments the sidecars left (should be none)."""
-        for process in self.sidecars.values():
+        for process in {id(p): p for p in self.sidecars.values()}.values():
             process.stop()
         self.admission.stop()
         left = list_segments(f"knittrans-{self.job}-")
@@ -143,7 +158,8 @@ def start_store(store: str, *, job: str, directory: Path) -> tuple[str, Any]:
 
 
 def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots: int,
-                  encoder_microbatch_images: int, placement: Placement | None = None) -> Cluster:
+                  encoder_microbatch_images: int, placement: Placement | None = None,
+                  node_sidecars: bool = False) -> Cluster:
     job = f"bench{uuid.uuid4().hex[:6]}"
     mooncake = None
     admission_store_url = ""
@@ -175,6 +191,15 @@ def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots:
     consumers = [Consumer(role="backbone", dp_rank=d, cp_rank=c) for d in range(config.dp) for c in range(config.cp)]
     consumers += [Consumer(role=f"encoder:{ENCODER}", dp_rank=d) for d in range(config.dp)]
     sidecars = {}
+    if node_sidecars:
+        ready = directory / "node-sidecars.ready"
+        node = _spawn("node-sidecars", [KNITTRANS, "--log-level", "WARNING", "reorg", "serve", "--config",
+                                        str(reorg_config), "--consumers", *(c.flag for c in consumers),
+                                        "--admission", admission.ready["address"], "--ready-file", str(ready)],
+                      directory, ready)
+        _wait_ready([node])
+        return Cluster(directory=directory, job=job, store_url=store_url, admission=admission,
+                       sidecars=dict.fromkeys(consumers, node), mooncake=mooncake)
     for consumer in consumers:
         ready = directory / f"{consumer.name}.ready"
         sidecars[consumer] = _spawn(

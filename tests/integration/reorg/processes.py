@@ -108,6 +108,20 @@ def start_sidecar(directory: Path, *, job: str, store: str, admission: str, dp_r
     return wait_ready(process, ready)
 
 
+def start_node_sidecar(directory: Path, *, job: str, store: str, admission: str, consumers: list[str],
+                       slots: int = 3, generation: int = 0, settings: dict | None = None) -> Process:
+    """One ``knittrans reorg serve --consumers ...`` process hosting these consumers (role:dp:cp each); its
+    ``ready["sidecars"]`` names each consumer's socket."""
+    config = directory / "reorg.yaml"
+    config.write_text(yaml.safe_dump({"job": job, "store": store, "server": {"metrics": {"port": -1}},
+                                      **(settings or {})}))
+    name = f"reorg-node-{consumers[0].replace(':', '-')}-g{generation}"
+    ready = directory / f"{name}.ready"
+    process = spawn(name, [KNITTRANS, "reorg", "serve", "--config", str(config), "--consumers", *consumers,
+                           "--admission", admission, "--slots", str(slots), "--ready-file", str(ready)], directory)
+    return wait_ready(process, ready)
+
+
 def start_trainer(directory: Path, *, socket: str, tp_rank: int, global_rank: int, admission: str,
                   minibatches: int, sleep: float = 0.0, use_asyncio: bool = False, name: str = "",
                   extra: tuple[str, ...] = ()) -> tuple[Process, Path]:

@@ -1,5 +1,7 @@
 """The data plane with real processes: the admission service, a unit store (file or Mooncake), reorg sidecars
-for dp=2 x cp=2 (``knittrans reorg serve``) and eight trainer ranks (tp=2 share each sidecar).
+for dp=2 x cp=2 (``knittrans reorg serve``) and eight trainer ranks (tp=2 share each sidecar). The sidecars run
+one process each, or one process per DP rank hosting its CP ranks' sidecars over one node assignment stream
+(``--consumers``).
 
 Checks that every admitted trajectory's bytes arrive intact at the right (dp, cp) ranks in plan order, that the
 TP ranks of a sidecar cause one read per micro-batch, that nothing is read that the plan did not need, that
@@ -31,7 +33,7 @@ from knittrans.store.factory import open_store
 from knittrans.types import ConsumerId, VersionSegment
 from knittrans.v1 import reorg_service_pb2, reorg_service_pb2_grpc
 
-from .processes import start_admission, start_sidecar, start_trainer
+from .processes import Process, start_admission, start_node_sidecar, start_sidecar, start_trainer
 
 DP, CP, TP = 2, 2, 2
 TRAIN_BATCH, MINIBATCHES_PER_BATCH, TRAIN_BATCHES = 8, 2, 2
@@ -148,27 +150,58 @@ def check_item(item: dict, fields: dict[str, np.ndarray], cp_rank: int) -> None:
     assert item["padding_is_clean"]
 
 
-def run_scenario(tmp_path: Path, store_url: str, job: str, *, kill_one: bool) -> None:
+class Sidecars:
+    """The sidecar processes of the scenario: one per consumer, or one per DP rank hosting its CP ranks."""
+
+    def __init__(self, directory: Path, *, job: str, store: str, admission: str, per_node: bool, slots: int) -> None:
+        self._start = dict(directory=directory, job=job, store=store, admission=admission, slots=slots)
+        self.per_node = per_node
+        self.processes: dict[tuple[int, int], Process] = {}  # the process serving (dp, cp)
+        self.sockets: dict[tuple[int, int], str] = {}
+        for d in range(DP):
+            self.start_dp(d)
+
+    def start_dp(self, d: int, generation: int = 0) -> list[tuple[int, int]]:
+        """Start (again) the sidecars of DP rank d; returns the (dp, cp) pairs they serve."""
+        pairs = [(d, c) for c in range(CP)]
+        if self.per_node:
+            process = start_node_sidecar(**self._start, consumers=[f"backbone:{d}:{c}" for c in range(CP)],
+                                         generation=generation)
+            by_consumer = {entry["consumer"]: entry["address"] for entry in process.ready["sidecars"]}
+            for pair in pairs:
+                self.processes[pair] = process
+                self.sockets[pair] = by_consumer[str(ConsumerId(role="backbone", dp_rank=pair[0], cp_rank=pair[1]))]
+            return pairs
+        for pair in pairs if generation == 0 else pairs[:1]:
+            process = start_sidecar(**self._start, dp_rank=pair[0], cp_rank=pair[1], generation=generation)
+            self.processes[pair], self.sockets[pair] = process, process.ready["address"]
+        return pairs if generation == 0 else pairs[:1]
+
+    def distinct(self) -> list[Process]:
+        return list({id(p): p for p in self.processes.values()}.values())
+
+
+def run_scenario(tmp_path: Path, store_url: str, job: str, *, kill_one: bool, per_node: bool = False) -> None:
     topology = {"backbone": {"dp": DP, "cp": CP, "tp": TP, "max_tokens_per_microbatch": 512}}
     admission = start_admission(tmp_path, job=job, store=store_url, topology=topology,
                                 train_batch_size=TRAIN_BATCH, num_minibatches=MINIBATCHES_PER_BATCH)
     address = admission.ready["address"]
     watcher = AssignmentWatcher(address)
-    sidecars, trainers = {}, []
-    prefixes = {}
+    trainers = []
+    sidecars = None
+    prefixes = {(d, c): ReorgSettings(job=job, dp_rank=d, cp_rank=c, store=store_url).segment_prefix
+                for d in range(DP) for c in range(CP)}
+    restarted: list[tuple[int, int]] = []
     try:
-        for d in range(DP):
-            for c in range(CP):
-                # One slot when a sidecar gets killed, so the trainers cannot have everything staged already.
-                sidecars[(d, c)] = start_sidecar(tmp_path, job=job, store=store_url, admission=address,
-                                                 dp_rank=d, cp_rank=c, slots=1 if kill_one else 3)
-                prefixes[(d, c)] = ReorgSettings(job=job, dp_rank=d, cp_rank=c, store=store_url).segment_prefix
+        # One slot when a sidecar gets killed, so the trainers cannot have everything staged already.
+        sidecars = Sidecars(tmp_path, job=job, store=store_url, admission=address, per_node=per_node,
+                            slots=1 if kill_one else 3)
         outputs = {}
         for d in range(DP):
             for c in range(CP):
                 for t in range(TP):
                     rank = (d * CP + c) * TP + t
-                    process, output = start_trainer(tmp_path, socket=sidecars[(d, c)].ready["address"], tp_rank=t,
+                    process, output = start_trainer(tmp_path, socket=sidecars.sockets[(d, c)], tp_rank=t,
                                                     global_rank=rank, admission=address, minibatches=SEQUENCES,
                                                     sleep=0.2 if kill_one else 0.0)
                     trainers.append(process)
@@ -176,17 +209,15 @@ def run_scenario(tmp_path: Path, store_url: str, job: str, *, kill_one: bool) ->
         arrays = write_trajectories(store_url, address, job)
 
         if kill_one:
-            victim = sidecars[(0, 0)]
-            socket = victim.ready["address"]
+            victim = sidecars.processes[(0, 0)]
             deadline = time.monotonic() + 30
-            while sidecar_status(socket).acknowledged_sequence < 1:  # the trainers are mid-stream
+            while sidecar_status(sidecars.sockets[(0, 0)]).acknowledged_sequence < 1:  # the trainers are mid-stream
                 assert time.monotonic() < deadline, victim.tail()
                 time.sleep(0.02)
-            victim.kill()
+            victim.kill()  # with per_node, every CP rank of DP rank 0 at once
             left_behind = set(list_segments(prefixes[(0, 0)]))
             assert left_behind, "a SIGKILLed sidecar leaves its segments behind"
-            sidecars[(0, 0)] = start_sidecar(tmp_path, job=job, store=store_url, admission=address, dp_rank=0,
-                                             cp_rank=0, slots=1, generation=1)
+            restarted = sidecars.start_dp(0, generation=1)
             # The restarted sidecar removed its predecessor's segments (and never reuses their names).
             assert not left_behind & set(list_segments(prefixes[(0, 0)]))
 
@@ -204,13 +235,13 @@ def run_scenario(tmp_path: Path, store_url: str, job: str, *, kill_one: bool) ->
             assert any(results[(0, 0, t)]["stats"]["restarts_seen"] for t in range(TP))
 
         # One read per micro-batch for both TP ranks, and bytes read == bytes the plan needed.
-        for (d, c), sidecar in sidecars.items():
-            status = sidecar_status(sidecar.ready["address"])
+        for (d, c), socket in sidecars.sockets.items():
+            status = sidecar_status(socket)
             assert status.bytes_read == status.bytes_needed
             assert status.read_calls == status.published
             assert status.acknowledged_sequence == SEQUENCES
             assert status.slots_occupied == 0
-            if not (kill_one and (d, c) == (0, 0)):
+            if (d, c) not in restarted:
                 consumer = ConsumerId(role="backbone", dp_rank=d, cp_rank=c)
                 needed = sum(a.assignment.needed_bytes for a in planned[consumer].values())
                 assert status.bytes_needed == needed
@@ -225,17 +256,24 @@ def run_scenario(tmp_path: Path, store_url: str, job: str, *, kill_one: bool) ->
     finally:
         for process in trainers:
             process.stop(timeout=5)
-        for sidecar in sidecars.values():
+        for sidecar in sidecars.distinct() if sidecars is not None else []:
             assert sidecar.stop() == 0 or not sidecar.alive(), sidecar.tail()
         admission.stop()
     for (d, c), prefix in prefixes.items():
         assert list_segments(prefix) == [], f"segments left by sidecar {(d, c)}"
-        assert not Path(sidecars[(d, c)].ready["address"].removeprefix("unix:")).exists()
+        assert not Path(sidecars.sockets[(d, c)].removeprefix("unix:")).exists()
 
 
 def test_file_store_with_a_sidecar_killed_and_restarted(tmp_path) -> None:
     job = f"rt{uuid.uuid4().hex[:8]}"
     run_scenario(tmp_path, f"file://{tmp_path / 'units'}", job, kill_one=True)
+
+
+def test_node_sidecars_over_one_stream_killed_and_restarted(tmp_path) -> None:
+    """One process per DP rank hosts its CP ranks' sidecars; DP rank 0's is killed with SIGKILL mid-stream and
+    started again: every trainer still gets every mini-batch whole, as planned, with every byte intact."""
+    job = f"rn{uuid.uuid4().hex[:8]}"
+    run_scenario(tmp_path, f"file://{tmp_path / 'units'}", job, kill_one=True, per_node=True)
 
 
 def test_mooncake_store(tmp_path, mooncake_cluster) -> None:

@@ -152,6 +152,15 @@ class AsyncAdmissionClient:
                                              include_trajectory_ids=include_trajectory_ids)
         return self._transport.stream("WatchAssignments", request)
 
+    def watch_node_assignment_messages(
+        self, consumers: Sequence[ConsumerId], *, after_sequence: int = 0
+    ) -> AsyncGenerator[pb.WatchNodeAssignmentsResponse, None]:
+        """One raw stream for several consumers (``WatchNodeAssignments``: a process hosting a node's sidecars),
+        as :meth:`watch_assignment_messages`: one connection, no retry, no deadline, ``grpc.RpcError``."""
+        request = pb.WatchNodeAssignmentsRequest(consumers=[consumer_to_proto(c) for c in consumers],
+                                                 after_sequence=after_sequence)
+        return self._transport.stream("WatchNodeAssignments", request)
+
     async def watch_assignments(
         self, consumer: ConsumerId, *, after_sequence: int = 0
     ) -> AsyncGenerator[Assignment, None]:

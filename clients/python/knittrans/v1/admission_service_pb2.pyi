@@ -120,6 +120,28 @@ class WatchAssignmentsRequest(_message.Message):
     include_trajectory_ids: bool
     def __init__(self, consumer: _Optional[_Union[_topology_pb2.ConsumerId, _Mapping]] = ..., after_sequence: _Optional[int] = ..., include_trajectory_ids: _Optional[bool] = ...) -> None: ...
 
+class WatchNodeAssignmentsRequest(_message.Message):
+    __slots__ = ("consumers", "after_sequence")
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    consumers: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
+    after_sequence: int
+    def __init__(self, consumers: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+
+class WatchNodeAssignmentsResponse(_message.Message):
+    __slots__ = ("assignments",)
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    assignments: _containers.RepeatedCompositeFieldContainer[NodeAssignment]
+    def __init__(self, assignments: _Optional[_Iterable[_Union[NodeAssignment, _Mapping]]] = ...) -> None: ...
+
+class NodeAssignment(_message.Message):
+    __slots__ = ("consumer_indices", "assignment")
+    CONSUMER_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    consumer_indices: _containers.RepeatedScalarFieldContainer[int]
+    assignment: WatchAssignmentsResponse
+    def __init__(self, consumer_indices: _Optional[_Iterable[int]] = ..., assignment: _Optional[_Union[WatchAssignmentsResponse, _Mapping]] = ...) -> None: ...
+
 class WatchAssignmentsResponse(_message.Message):
     __slots__ = ("sequence", "admission", "global_loss_tokens", "assignment", "rank_assignment")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]

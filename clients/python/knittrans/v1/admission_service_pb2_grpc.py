@@ -56,6 +56,11 @@ class AdmissionServiceStub:
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.WatchAssignmentsRequest.SerializeToString,
                 response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WatchAssignmentsResponse.FromString,
                 _registered_method=True)
+        self.WatchNodeAssignments = channel.unary_stream(
+                '/knittrans.v1.AdmissionService/WatchNodeAssignments',
+                request_serializer=knittrans_dot_v1_dot_admission__service__pb2.WatchNodeAssignmentsRequest.SerializeToString,
+                response_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WatchNodeAssignmentsResponse.FromString,
+                _registered_method=True)
         self.ReportProgress = channel.unary_unary(
                 '/knittrans.v1.AdmissionService/ReportProgress',
                 request_serializer=knittrans_dot_v1_dot_admission__service__pb2.ReportProgressRequest.SerializeToString,
@@ -138,6 +143,16 @@ class AdmissionServiceServicer:
     def WatchAssignments(self, request, context):
         """Streams a consumer its assignments in order, starting after `after_sequence`. The stream stays open;
         after a reconnect it resumes with no gap and no repeat.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchNodeAssignments(self, request, context):
+        """Streams several consumers their assignments over one stream: the consumers one process hosts (a node's
+        reorg sidecars, `knittrans reorg serve` with several consumers). Each response carries the messages that
+        are ready, each once with the consumers it is for: every CP rank of a DP rank gets the same message. A
+        consumer's messages are exactly what its own WatchAssignments stream would carry, in the same order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -260,6 +275,11 @@ def add_AdmissionServiceServicer_to_server(servicer, server):
                     servicer.WatchAssignments,
                     request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WatchAssignmentsRequest.FromString,
                     response_serializer=knittrans_dot_v1_dot_admission__service__pb2.WatchAssignmentsResponse.SerializeToString,
+            ),
+            'WatchNodeAssignments': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchNodeAssignments,
+                    request_deserializer=knittrans_dot_v1_dot_admission__service__pb2.WatchNodeAssignmentsRequest.FromString,
+                    response_serializer=knittrans_dot_v1_dot_admission__service__pb2.WatchNodeAssignmentsResponse.SerializeToString,
             ),
             'ReportProgress': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportProgress,
@@ -417,6 +437,33 @@ class AdmissionService:
             '/knittrans.v1.AdmissionService/WatchAssignments',
             knittrans_dot_v1_dot_admission__service__pb2.WatchAssignmentsRequest.SerializeToString,
             knittrans_dot_v1_dot_admission__service__pb2.WatchAssignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchNodeAssignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/knittrans.v1.AdmissionService/WatchNodeAssignments',
+            knittrans_dot_v1_dot_admission__service__pb2.WatchNodeAssignmentsRequest.SerializeToString,
+            knittrans_dot_v1_dot_admission__service__pb2.WatchNodeAssignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

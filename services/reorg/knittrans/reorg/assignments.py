@@ -30,9 +30,9 @@ from typing import Protocol
 from grpc import aio
 
 from knittrans.client.aio import AsyncAdmissionClient
-from knittrans.client.connection import RETRYABLE_CODES, ConnectionSettings, error_from_rpc
+from knittrans.client.connection import ConnectionSettings, error_from_rpc
 from knittrans.client.model import ConsumerFailure, ProgressStage, Registration, VerdictState
-from knittrans.errors import InvalidArgument, KnitTransError, NotFound, Unavailable
+from knittrans.errors import InvalidArgument, KnitTransError, NotFound
 from knittrans.plan import ConsumerAssignment, EncoderMicroBatchAssignment, MicroBatchAssignment, Plan
 from knittrans.plan.proto import (
     assignment_from_proto,
@@ -41,7 +41,9 @@ from knittrans.plan.proto import (
     plan_from_proto,
 )
 from knittrans.plan.rank_proto import check_rank_message, consumer_assignment_from_rank_proto, cp_microbatch_from_proto
-from knittrans.retry import Backoff, RetryPolicy
+from knittrans.reorg.node_feed import NodeAssignmentFeed
+from knittrans.reorg.reconnect import reconnecting
+from knittrans.retry import RetryPolicy
 from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import ConsumerId, Topology
 from knittrans.v1 import admission_pb2, admission_service_pb2, plan_pb2
@@ -316,11 +318,15 @@ class AdmissionAssignmentSource:
     """The admission service's assignment stream for one consumer (see the module docstring)."""
 
     def __init__(self, connection: ConnectionSettings, consumer: ConsumerId,
-                 settings: WatchSettings | None = None) -> None:
+                 settings: WatchSettings | None = None, *, feed: NodeAssignmentFeed | None = None) -> None:
+        """With a ``feed``, the consumer's assignments come from the node stream of the process's consumers
+        (:mod:`knittrans.reorg.node_feed`), and its calls go over the feed's client."""
         self._consumer = consumer
         self._settings = settings or WatchSettings()
+        self._feed = feed
         # The SDK's admission client and its retry rules; only the back-off's bounds are the sidecar's.
-        self._client = AsyncAdmissionClient(connection, deadline=self._settings.deadline, retry=self._settings.retry)
+        self._client = feed.client if feed is not None else AsyncAdmissionClient(
+            connection, deadline=self._settings.deadline, retry=self._settings.retry)
         self._received = 0  # the last sequence yielded: resume point after a reconnect
         self._registered = False
 
@@ -334,6 +340,8 @@ class AdmissionAssignmentSource:
         self._consumer.check_within(registration.topology)
         self._received = registration.acknowledged_sequence
         self._registered = True
+        if self._feed is not None:
+            self._feed.registered(self._consumer, self._received)
         logger.info("registered %s with the admission service; resuming after sequence %d",
                     self._consumer, self._received)
         return registration
@@ -341,38 +349,34 @@ class AdmissionAssignmentSource:
     def __aiter__(self) -> AsyncIterator[AssignmentEvent]:
         return self._events()
 
+    def _accepted(self, response: admission_service_pb2.WatchAssignmentsResponse,
+                  received_at: float) -> AssignmentEvent | None:
+        """The next assignment, or None for a repeat (after a reconnect race: already yielded)."""
+        if response.sequence <= self._received:
+            return None
+        if response.sequence != self._received + 1:
+            raise KnitTransError(f"assignment stream skipped from {self._received} to {response.sequence}",
+                                 field="sequence")
+        event = _event_from_proto(response, received_at, self._consumer)
+        self._received = event.sequence
+        return event
+
     async def _events(self) -> AsyncIterator[AssignmentEvent]:
         if not self._registered:
             await self.register()
-        backoff = Backoff(self._settings.retry, start_now=False)
-        while True:
-            stream = self._client.watch_assignment_messages(self._consumer, after_sequence=self._received)
-            try:
-                async for response in stream:
-                    received_at = time.time()
-                    backoff.reset()
-                    if response.sequence <= self._received:
-                        continue  # a repeat after a reconnect race: already yielded
-                    if response.sequence != self._received + 1:
-                        raise KnitTransError(
-                            f"assignment stream skipped from {self._received} to {response.sequence}",
-                            field="sequence",
-                        )
-                    event = _event_from_proto(response, received_at, self._consumer)
-                    self._received = event.sequence
+        if self._feed is not None:  # the feed reconnects, for all of the process's consumers
+            async for response, received_at in self._feed.messages(self._consumer, self._received):
+                event = self._accepted(response, received_at)
+                if event is not None:
                     yield event
-                logger.info("the assignment stream ended (service shutting down?); reconnecting")
-                if not await backoff.sleep_async():
-                    raise Unavailable("the admission service keeps closing the assignment stream")
-            except aio.AioRpcError as error:
-                if error.code() not in RETRYABLE_CODES:
-                    raise error_from_rpc(error) from None
-                logger.info("assignment stream broke (%s); reconnecting after sequence %d",
-                            error.code().name, self._received)
-                if not await backoff.sleep_async():
-                    raise error_from_rpc(error) from None
-            finally:
-                await stream.aclose()
+            return
+        responses = reconnecting(
+            lambda: self._client.watch_assignment_messages(self._consumer, after_sequence=self._received),
+            self._settings.retry, "assignment stream", lambda: self._received)
+        async for response in responses:
+            event = self._accepted(response, time.time())
+            if event is not None:
+                yield event
 
     def restart_after(self, sequence: int) -> None:
         self._received = sequence
@@ -432,7 +436,8 @@ class AdmissionAssignmentSource:
                                polls * poll.total_seconds(), waiting or "?")
 
     async def close(self) -> None:
-        await self._client.close()
+        if self._feed is None:  # a feed's client is closed with the feed, by whoever made it
+            await self._client.close()
 
 
 def _failure_for_consumers(failure: ConsumerFailure) -> MiniBatchFailure:

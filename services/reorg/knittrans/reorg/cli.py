@@ -14,6 +14,7 @@ from pathlib import Path
 from knittrans.config import config_path_from_env, load_config
 from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
 from knittrans.reorg.endpoint import start_reorg
+from knittrans.reorg.node_host import serve_node
 from knittrans.reorg.settings import ReorgSettings
 from knittrans.serving.server import run_until_signalled
 from knittrans.store.factory import open_store
@@ -27,6 +28,10 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     parser.add_argument("--job", help="job name: prefixes shared-memory segments and the default socket "
                                       "(default: the admission service's job)")
     parser.add_argument("--role", help="backbone (default), encoder:<name>, or role:<name> (a trainer role)")
+    parser.add_argument("--consumers", nargs="+", metavar="ROLE:DP:CP",
+                        help="host these consumers in this process over one assignment stream (a node's "
+                             "sidecars), e.g. backbone:0:0 backbone:0:1 encoder:vision:0:0; instead of "
+                             "--role/--dp-rank/--cp-rank")
     parser.add_argument("--dp-rank", type=int)
     parser.add_argument("--cp-rank", type=int)
     parser.add_argument("--store", help="unit store URL: file:///dev/shm/..., mooncake://host:port, ray://")
@@ -50,6 +55,7 @@ def _run(args: argparse.Namespace) -> int:
         "admission.target": args.admission,
         "server.unix_socket": args.socket,
         "ring.slots": args.slots,
+        "consumers": tuple(args.consumers) if args.consumers else None,
         "server.metrics.port": args.metrics_port,
     }
     settings = load_config(ReorgSettings, path=args.config or config_path_from_env(), flags=flags)
@@ -62,6 +68,8 @@ async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Pat
         deadline=timedelta(seconds=link.deadline_seconds),
         give_up_after=timedelta(seconds=link.give_up_after_seconds) if link.give_up_after_seconds else None,
     )
+    if len(settings.hosted_consumers) > 1:
+        return await serve_node(settings, stop, watch, ready_file=ready_file)
     source = AdmissionAssignmentSource(link.connection(), settings.consumer, watch)
     if not settings.job:
         # Without --job, the sidecar belongs to the admission service's job: its socket is then where a trainer

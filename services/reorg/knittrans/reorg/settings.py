@@ -6,6 +6,7 @@ Example::
     role: backbone          # or encoder:<name>, or role:<name> (a trainer role)
     dp_rank: 0
     cp_rank: 1
+    # consumers: [backbone:0:0, backbone:0:1, encoder:vision:0:0]   # one process for a node's consumers
     store: mooncake://10.0.0.5:50051
     admission:
       target: admission.knittrans:50051
@@ -22,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from knittrans.client.connection import ClientTlsSettings, ConnectionSettings
 from knittrans.errors import InvalidArgument
@@ -84,11 +85,20 @@ class ReorgSettings:
     server: ServerSettings = field(default_factory=ServerSettings)
     read_retry_seconds: float = 30.0
     retained_minibatches: int = 16  # mini-batch contexts kept for GetMiniBatch
+    # The consumers this process hosts, as role:dp_rank:cp_rank, over one assignment stream
+    # (knittrans.reorg.node_feed); empty: the one consumer named by role, dp_rank and cp_rank.
+    consumers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.job:
             check_job(self.job)
         self.consumer  # noqa: B018 (validates role and ranks)
+        hosted = self.hosted_consumers
+        if len(set(hosted)) != len(hosted):
+            raise InvalidArgument("names a consumer twice", field="consumers")
+        if len(hosted) > 1 and self.server.unix_socket:
+            raise InvalidArgument("one socket cannot serve several consumers: leave it to the default per consumer",
+                                  field="server.unix_socket")
         if not self.store:
             raise InvalidArgument("must name the unit store, e.g. file:///dev/shm/knittrans-job", field="store")
         if self.read_retry_seconds < 0:
@@ -103,6 +113,17 @@ class ReorgSettings:
         return ConsumerId(role=self.role, dp_rank=self.dp_rank, cp_rank=self.cp_rank)
 
     @property
+    def hosted_consumers(self) -> tuple[ConsumerId, ...]:
+        """Every consumer this process hosts, in the order given."""
+        if not self.consumers:
+            return (self.consumer,)
+        return tuple(parse_consumer(text, f"consumers[{i}]") for i, text in enumerate(self.consumers))
+
+    def for_consumer(self, consumer: ConsumerId) -> ReorgSettings:
+        """The settings of one hosted consumer's sidecar."""
+        return replace(self, role=consumer.role, dp_rank=consumer.dp_rank, cp_rank=consumer.cp_rank, consumers=())
+
+    @property
     def owner_name(self) -> str:
         """Names this sidecar's segments and default socket: one per (role, dp rank, cp rank) of a job."""
         return f"{_UNSAFE.sub('_', self.role)}-dp{self.dp_rank}-cp{self.cp_rank}"
@@ -114,6 +135,18 @@ class ReorgSettings:
     @property
     def socket_path(self) -> str:
         return self.server.unix_socket or default_socket_path(self.job, self.consumer)
+
+
+def parse_consumer(text: str, field_name: str = "consumer") -> ConsumerId:
+    """``role:dp_rank:cp_rank`` (the role may hold colons: ``encoder:vision:3:0``) as a consumer."""
+    role, _, ranks = str(text).rpartition(":")
+    role, _, dp = role.rpartition(":")
+    if not role or not dp.isdigit() or not ranks.isdigit():
+        raise InvalidArgument(f"{text!r} is not role:dp_rank:cp_rank (e.g. backbone:0:1)", field=field_name)
+    try:
+        return ConsumerId(role=role, dp_rank=int(dp), cp_rank=int(ranks))
+    except InvalidArgument as error:
+        raise InvalidArgument(f"{text!r}: {error.message}", field=field_name) from None
 
 
 def default_socket_path(job: str, consumer: ConsumerId) -> str:

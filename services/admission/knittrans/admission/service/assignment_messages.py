@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 
 from knittrans.admission.service.assignments import MiniBatchDispatch
 from knittrans.admission.service.ledger import AdmittedMiniBatch
-from knittrans.admission.service.route_wire import WIRE_LENGTH_DELIMITED, varint
+from knittrans.admission.service.route_wire import framed
 from knittrans.types import BACKBONE_ROLE, ConsumerId, Topology
 from knittrans.v1 import admission_pb2, plan_pb2
 from knittrans.v1 import admission_service_pb2 as pb
@@ -52,8 +52,8 @@ def assignment_bytes(
     # The parts are serialised on their own and framed as the response's fields (a parser takes fields in any
     # order): copying a built part into its parent message copied every element again.
     if key.encoder_name is None:
-        return head + _framed(_RANK_ASSIGNMENT, _rank_bytes(dispatch, key.dp_rank))
-    return head + _framed(_ASSIGNMENT, dispatch.assignment(key).SerializeToString())
+        return head + framed(_RANK_ASSIGNMENT, _rank_bytes(dispatch, key.dp_rank))
+    return head + framed(_ASSIGNMENT, dispatch.assignment(key).SerializeToString())
 
 
 _RANK_ASSIGNMENT = pb.WatchAssignmentsResponse.DESCRIPTOR.fields_by_name["rank_assignment"].number
@@ -61,16 +61,11 @@ _ASSIGNMENT = pb.WatchAssignmentsResponse.DESCRIPTOR.fields_by_name["assignment"
 _TRAJECTORIES = plan_pb2.RankAssignment.DESCRIPTOR.fields_by_name["trajectories"].number
 
 
-def _framed(field_number: int, data: bytes) -> bytes:
-    """``data`` (a serialised message) as field ``field_number`` of its parent."""
-    return varint(field_number << 3 | WIRE_LENGTH_DELIMITED) + varint(len(data)) + data
-
-
 def _rank_bytes(dispatch: MiniBatchDispatch, dp_rank: int) -> bytes:
     fields = dispatch.rank_fields(dp_rank)
     batch = fields.pop("trajectories", None)
     data = plan_pb2.RankAssignment(**fields).SerializeToString()
-    return data if batch is None else data + _framed(_TRAJECTORIES, batch.SerializeToString())
+    return data if batch is None else data + framed(_TRAJECTORIES, batch.SerializeToString())
 
 
 def with_trajectory_ids(data: bytes, minibatch: AdmittedMiniBatch) -> pb.WatchAssignmentsResponse:
@@ -100,15 +95,22 @@ class MiniBatchMessages:
         without one, each is built on the loop when it is first asked for."""
         if builder is None:
             return self._inline(minibatch, dispatch, key)
-        if not self._futures:
-            self._start(minibatch, dispatch, builder)
-        future = self._futures.get(key)
-        if future is None:  # not a planned message (cannot happen for a checked consumer): build it alone
-            return assignment_bytes(minibatch, dispatch, self._admission, key)
+        future = self.future(minibatch, dispatch, key, builder)
         if future.done():  # most streams ask once their message is built: no wrapper future, no extra loop turn
             return future.result()
         # Shielded: a stream that goes away must not cancel the message its DP rank's other streams wait for.
         return await asyncio.shield(future)
+
+    def future(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, key: ConsumerId,
+               builder: Executor) -> asyncio.Future[bytes]:
+        """Message ``key``'s future, the build of every message started on ``builder`` if it was not."""
+        if not self._futures:
+            self._start(minibatch, dispatch, builder)
+        future = self._futures.get(key)
+        if future is None:  # not a planned message (cannot happen for a checked consumer): build it alone
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(assignment_bytes(minibatch, dispatch, self._admission, key))
+        return future
 
     def _inline(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, key: ConsumerId) -> bytes:
         data = self._built_inline.get(key)
@@ -180,9 +182,33 @@ class AssignmentMessages:
     ) -> bytes | pb.WatchAssignmentsResponse:
         """What ``consumer``'s stream sends for ``minibatch``: the shared bytes, or (asked for the trajectory ids)
         its own message."""
+        messages = self._of(minibatch, dispatch)
+        data = await messages.get(minibatch, dispatch, message_key(consumer), self._build_on(minibatch))
+        return with_trajectory_ids(data, minibatch) if include_trajectory_ids else data
+
+    async def ready_batches(
+        self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch, keys: Sequence[ConsumerId],
+    ) -> AsyncIterator[list[tuple[ConsumerId, bytes]]]:
+        """Messages ``keys`` (message keys, :func:`message_key`) of ``minibatch``, in batches: each time, all
+        those built since the last batch (a node's stream sends each batch as one response)."""
+        messages, builder = self._of(minibatch, dispatch), self._build_on(minibatch)
+        if builder is None:
+            yield [(key, await messages.get(minibatch, dispatch, key, None)) for key in keys]
+            return
+        waiting = {key: messages.future(minibatch, dispatch, key, builder) for key in keys}
+        while waiting:
+            done = [key for key, future in waiting.items() if future.done()]
+            if not done:
+                # asyncio.wait does not cancel what it waits for: a stream that goes away leaves the build alone.
+                await asyncio.wait(waiting.values(), return_when=asyncio.FIRST_COMPLETED)
+                continue
+            yield [(key, waiting.pop(key).result()) for key in done]
+
+    def _of(self, minibatch: AdmittedMiniBatch, dispatch: MiniBatchDispatch) -> MiniBatchMessages:
         messages = self._messages.get(dispatch)
         if messages is None:
             messages = self._messages[dispatch] = MiniBatchMessages(minibatch, dispatch.topology, dispatch.role)
-        inline = len(minibatch.trajectory_ids) <= self._inline_trajectories
-        data = await messages.get(minibatch, dispatch, message_key(consumer), None if inline else self._builder)
-        return with_trajectory_ids(data, minibatch) if include_trajectory_ids else data
+        return messages
+
+    def _build_on(self, minibatch: AdmittedMiniBatch) -> Executor | None:
+        return None if len(minibatch.trajectory_ids) <= self._inline_trajectories else self._builder

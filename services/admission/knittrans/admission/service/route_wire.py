@@ -38,6 +38,11 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+def framed(field_number: int, data: bytes) -> bytes:
+    """``data`` (a serialised message, or packed values) as length-delimited field ``field_number``."""
+    return varint(field_number << 3 | WIRE_LENGTH_DELIMITED) + varint(len(data)) + data
+
+
 def varints(values: np.ndarray) -> tuple[bytes, np.ndarray]:
     """Every value (non-negative integers) as a varint, back to back, and where each one's bytes start (one more
     offset at the end)."""

@@ -36,6 +36,7 @@ from knittrans.admission.service.journal import Journal
 from knittrans.admission.service.journaled import DEFAULT_MUTATION_WAIT, JournaledCommits
 from knittrans.admission.service.ledger import AdmissionLedger, AdmittedMiniBatch, Applied, Verdict
 from knittrans.admission.service.metrics import AdmissionMetrics
+from knittrans.admission.service.node_watch import NodeConsumers, node_response_bytes
 from knittrans.admission.service.plans import MiniBatchPlans
 from knittrans.admission.service.records import failure_consumer, record_for
 from knittrans.admission.service.responses import (
@@ -319,10 +320,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     ) -> AsyncIterator[pb.WatchAssignmentsResponse]:
         consumer = _consumer(request.consumer, "consumer")
         self._ledger.check_consumer(consumer)
-        after = request.after_sequence
-        if after >= self._ledger.next_sequence + 1_000_000:
-            raise InvalidArgument("is far beyond the last assignment", field="after_sequence")
-        check_streamable(self._ledger, after)
+        after = self._checked_start(request.after_sequence)
         role = consumer.role
         while True:
             async with self._published:
@@ -338,6 +336,36 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                 yield await self._messages.response(minibatch, dispatch, consumer,
                                                     include_trajectory_ids=request.include_trajectory_ids)
                 after = minibatch.sequence
+
+    async def WatchNodeAssignments(
+        self, request: pb.WatchNodeAssignmentsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        node = NodeConsumers.of([_consumer(c, f"consumers[{i}]") for i, c in enumerate(request.consumers)])
+        for position, consumer in enumerate(node.consumers):
+            self._ledger.check_consumer(consumer, f"consumers[{position}]")
+        after = self._checked_start(request.after_sequence)
+        roles = node.roles
+        while True:
+            async with self._published:
+                await self._published.wait_for(
+                    lambda last=after: self._closed or all(self._ready_after(last, role) for role in roles))
+                if self._closed:
+                    return
+                pending = self._ledger.pending_after(after)
+            for minibatch in pending:  # in sequence order
+                if not all(ready_for(self._ledger, minibatch, role) for role in roles):
+                    break  # a trainer role's fields are not all attached yet: wait for them
+                for group, positions in node.groups.items():
+                    dispatch = await self._plans.dispatch(minibatch, node.role_of(group))
+                    async for ready in self._messages.ready_batches(minibatch, dispatch, list(positions)):
+                        yield node_response_bytes([(positions[key], data) for key, data in ready])
+                after = minibatch.sequence
+
+    def _checked_start(self, after: int) -> int:
+        if after >= self._ledger.next_sequence + 1_000_000:
+            raise InvalidArgument("is far beyond the last assignment", field="after_sequence")
+        check_streamable(self._ledger, after)
+        return after
 
     def _ready_after(self, after: int, role: str) -> bool:
         """Whether the mini-batch after ``after`` is admitted and may be dispatched to consumers of ``role``."""
