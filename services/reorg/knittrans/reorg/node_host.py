@@ -1,9 +1,11 @@
 """One sidecar process for several consumers (``knittrans reorg serve --consumers ...``): a node's sidecars.
 
-Each hosted consumer is a full sidecar of its own (its ring, its Unix socket, its pipeline, its lease), as if it
-ran alone, but they share one unit-store client and one admission client, and their assignments come over one
-node stream (:mod:`knittrans.reorg.node_feed`). The process stops when it is signalled or when any of its
-pipelines fails (a supervisor restarts it, and every consumer resumes from its acknowledged sequence).
+Each hosted consumer is a full sidecar of its own (its ring, its Unix socket, its pipeline, its lease, its
+unit-store client: the bytes a sidecar reports it moved are its store client's, and a shared client would count
+every hosted consumer's reads in each), as if it ran alone, but they share one admission client, and their
+assignments come over one node stream (:mod:`knittrans.reorg.node_feed`). The process stops when it is
+signalled or when any of its pipelines fails (a supervisor restarts it, and every consumer resumes from its
+acknowledged sequence).
 """
 
 from __future__ import annotations
@@ -44,21 +46,22 @@ async def serve_node(settings: ReorgSettings, stop: asyncio.Event, watch: WatchS
                               watch.retry)
     sources = [AdmissionAssignmentSource(connection, consumer, watch, feed=feed) for consumer in hosted]
     running: list[RunningReorg] = []
-    store = None
     try:
         if not settings.job:  # the admission service's job, as a single sidecar learns it
             registration = await sources[0].register()
             settings = replace(settings, job=registration.job or "default")
             logger.info("serving job %r (the admission service's)", settings.job)
-        store = await asyncio.to_thread(open_store, settings.store, job=settings.job)
         for i, (consumer, source) in enumerate(zip(hosted, sources, strict=True)):
-            running.append(await start_reorg(hosted_settings(settings, consumer, i == 0), source=source,
-                                             store=store, close_store=False))
+            store = await asyncio.to_thread(open_store, settings.store, job=settings.job)
+            try:
+                started = await start_reorg(hosted_settings(settings, consumer, i == 0), source=source, store=store)
+            except BaseException:
+                store.close()
+                raise
+            running.append(started)
     except BaseException:
         await _stop_all(running, settings.server.grace_seconds)
         await feed.close()
-        if store is not None:
-            store.close()
         raise
     if ready_file is not None:
         _write_ready(ready_file, running)
@@ -72,7 +75,6 @@ async def serve_node(settings: ReorgSettings, stop: asyncio.Event, watch: WatchS
         failed = [r for r in running if r.pipeline.done() and not r.pipeline.cancelled() and r.pipeline.exception()]
         await _stop_all(running, settings.server.grace_seconds)
         await feed.close()
-        store.close()
     for r in failed:
         logger.error("the sidecar of %s stopped because its pipeline failed: %s", r.sidecar.consumer,
                      r.pipeline.exception())
