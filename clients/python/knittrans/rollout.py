@@ -74,7 +74,7 @@ from knittrans.reservations import ReserveResult, UnitReservation
 from knittrans.store.arrays import to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
-from knittrans.submission import Discard, discard_rejected, store_and_report
+from knittrans.submission import Discard, QueuedDespiteEarlierFailure, discard_rejected, store_and_report
 from knittrans.submitted_values import checked_values, is_scalar, response_field_names, scalar_value
 from knittrans.types import (
     Coverage,
@@ -206,7 +206,10 @@ class BlockingSubmitIO:
         if self._reporter is None:
             return None
         if self._reports_rejections:
-            cast(RejectionReporter, self._reporter).report(metas, discard=self._discard)
+            try:
+                cast(RejectionReporter, self._reporter).report(metas, discard=self._discard)
+            except InvalidArgument as error:  # queued all the same: an earlier report's, or discarded already
+                raise QueuedDespiteEarlierFailure(error) from error
             return None
         results = self._reporter.report(metas)  # the admission client's: one result per trajectory
         return [r for r in results if isinstance(r, ReportResult)] if isinstance(results, list) else None

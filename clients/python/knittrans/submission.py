@@ -27,6 +27,17 @@ logger = logging.getLogger(__name__)
 Discard = Callable[[Sequence[TrajectoryMeta]], None]
 
 
+class QueuedDespiteEarlierFailure(Exception):
+    """A reporter that takes care of rejections itself queued this submit's metadata and raised what an earlier
+    report met (:meth:`~knittrans.client.reporter.BatchingReporter.report`). The error is the caller's to see,
+    but nothing of this submit is to be removed: its trajectories will be reported, and acknowledged, and the
+    rejected ones were discarded by the reporter when they were rejected."""
+
+    def __init__(self, error: InvalidArgument) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class SubmitIO(Protocol):
     """The store and the reporter of a rollout client; a missing reporter makes the reporting steps no-ops."""
 
@@ -44,8 +55,8 @@ class SubmitIO(Protocol):
     async def delete_many(self, keys: Sequence[UnitKey]) -> None: ...
 
     async def report(self, metas: Sequence[TrajectoryMeta]) -> Sequence[ReportResult] | None:
-        """Hand the metadata over. A reporter that batches takes care of rejections itself and returns None;
-        one that reports at once returns its results or raises
+        """Hand the metadata over. A reporter that batches takes care of rejections itself and returns None, or
+        raises :class:`QueuedDespiteEarlierFailure`; one that reports at once returns its results or raises
         the service's rejection, after which :func:`store_and_report` removes what the submit stored."""
         ...
 
@@ -76,6 +87,8 @@ async def store_and_report(
         raise
     try:
         results = await io.report(metas)
+    except QueuedDespiteEarlierFailure as queued:
+        raise queued.error from None
     except InvalidArgument as rejection:
         # Never the acknowledged trajectories' units: they are theirs, not this submit's.
         await discard_rejected([meta for meta in metas if meta.trajectory_id not in acknowledged], io)

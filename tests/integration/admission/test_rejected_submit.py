@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -108,6 +109,40 @@ async def test_a_later_rejection_fails_the_next_call_and_removes_only_the_reject
             rejected_keys = [u.key for u in (*future.units, *no_encoder.units, *no_encoder.multimodal)]
             assert store.exists(rejected_keys) == [False] * len(rejected_keys)
             assert len(stored_files(tmp_path / "units")) == len(good_keys)
+        store.close()
+
+    await with_service(tmp_path, scenario)
+
+
+async def test_an_earlier_rejection_raised_at_a_submit_leaves_that_submit_reported_and_whole(tmp_path: Path) -> None:
+    """The ordering the test above leaves to chance, made certain: the service's answer to the rejected report has
+    come back (its units are gone) before the next submit, which then raises that earlier rejection. The next
+    submit's trajectory was queued and gets reported and acknowledged, so none of its units may go (they used to:
+    the submit took the earlier rejection for its own and removed them, and cancelled the reservation of its
+    image, which the service then deleted)."""
+
+    def scenario(address: str, store_url: str) -> None:
+        store = open_store(store_url)
+        with AdmissionClient(address) as client:
+            reporter = BatchingReporter(client)
+            rollout = RolloutClient(store, namespace="job", reporter=reporter)
+            good = [submit(rollout, "good-0", sample="s0", image=0)]
+            reporter.flush()
+            future = submit(rollout, "future", sample="s1", version=5, image=1)
+            future_keys = [u.key for u in (*future.units, *future.multimodal)]
+            deadline = time.monotonic() + 30
+            while any(store.exists(future_keys)):  # rejected and discarded by the reporter's thread
+                assert time.monotonic() < deadline, "the rejected trajectory's units were not removed"
+                time.sleep(0.01)
+            with pytest.raises(InvalidArgument, match="rejected trajectory 'future'"):
+                submit(rollout, "good-1", sample="s2", image=2)
+            reporter.close()
+            good.append(metadata_of(tmp_path, "good-1", sample="s2", image=2))
+            assert client.status().pool_size + client.status().admitted_total == len(good)
+            good_keys = sorted({u.key for m in good for u in (*m.units, *m.multimodal)})
+            assert store.exists(good_keys) == [True] * len(good_keys)
+            time.sleep(0.3)  # a delete the service decided would land in this time
+            assert store.exists(good_keys) == [True] * len(good_keys)
         store.close()
 
     await with_service(tmp_path, scenario)
