@@ -58,7 +58,7 @@ def tune_garbage_collector() -> None:
     objects, so with the default thresholds (a young collection every 700 allocations) collections ran dozens of
     times per report and full collections traversed the whole ledger: about a sixth of ingest time, and pauses of
     tens of milliseconds on the report-to-assignment path. Freezing the start-up heap takes it out of every
-    collection; the young generation is collected at the end of each report call, once its assignments went out
+    collection; the young generation is collected at the end of each report call
     (gc_pacing.collect_young_objects), and the thresholds here are only a backstop, so the whole heap is
     collected rarely. The ledger holds no reference cycles, so reference counting frees it as before.
     """

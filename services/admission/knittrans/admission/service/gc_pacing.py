@@ -9,9 +9,11 @@ YOUNG_COLLECTION = 2_000  # objects allocated since the last collection
 
 def collect_young_objects() -> None:
     """Collect the young generation now if it has grown: a report leaves thousands of new objects (the ledger's
-    entries), and collecting them at the end of the call, once its assignments went out, keeps the pause off the
-    report-to-assignment path (see app.tune_garbage_collector). Older generations are collected here too, as
-    often as the collector's thresholds ask for relative to young collections."""
+    entries), and collecting them at the end of the call keeps the pause out of the middle of the next report
+    (see app.tune_garbage_collector). A report that admitted a mini-batch pays it before that mini-batch's
+    streams run (they run once the call returns); skipping it there was measured worse, as the young
+    generation then grew until the backstop thresholds collected it in bigger pauses. Older generations are
+    collected here too, as often as the collector's thresholds ask for relative to young collections."""
     counts, thresholds = gc.get_count(), gc.get_threshold()
     if counts[0] < YOUNG_COLLECTION:
         return
