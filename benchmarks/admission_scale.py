@@ -73,16 +73,11 @@ def _consumers(streams: int) -> list[topology_pb2.ConsumerId]:
     return consumers
 
 
-def _sequence_of(raw: bytes) -> int:
+def _sequence_of(raw: bytes | memoryview) -> int:
     """The response's sequence (field 1, serialised first), without decoding the rest."""
     if raw[:1] == b"\x08":
-        value, shift = 0, 0
-        for byte in raw[1:11]:
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                return value
-    return pb.WatchAssignmentsResponse.FromString(raw).sequence
+        return _varint(raw, 1)[0]
+    return pb.WatchAssignmentsResponse.FromString(bytes(raw)).sequence
 
 
 def _nodes(streams: int) -> list[list[int]]:
@@ -97,7 +92,7 @@ def _nodes(streams: int) -> list[list[int]]:
     return [nodes[k] for k in sorted(nodes)]
 
 
-def _varint(raw: bytes, at: int) -> tuple[int, int]:
+def _varint(raw: bytes | memoryview, at: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
         byte = raw[at]
@@ -125,7 +120,7 @@ def _node_parts(raw: bytes) -> list[tuple[int, list[int]]]:
                     position, at = _varint(raw, at)
                     positions.append(position)
             else:  # the WatchAssignmentsResponse
-                sequence = _sequence_of(raw[at:at + 11])
+                sequence = _sequence_of(memoryview(raw)[at:at + length])
                 at += length
         parts.append((sequence, positions))
     return parts

@@ -22,6 +22,7 @@ import yaml
 from transfer_workload import WorkloadConfig
 
 from knittrans.shm import list_segments
+from knittrans.types import ConsumerId
 from knittrans.v1 import reorg_service_pb2, reorg_service_pb2_grpc
 
 KNITTRANS = str(Path(sys.executable).with_name("knittrans"))
@@ -78,8 +79,8 @@ class Consumer:
 
     @property
     def label(self) -> str:
-        """As the sidecar names it (ConsumerId's str)."""
-        return f"{self.role}/dp{self.dp_rank}/cp{self.cp_rank}"
+        """As the sidecar names it."""
+        return str(ConsumerId(role=self.role, dp_rank=self.dp_rank, cp_rank=self.cp_rank))
 
     @property
     def flag(self) -> str:

@@ -6,22 +6,20 @@ from there, while the other goes on without a repeat."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import timedelta
 
-from knittrans.admission.engine import EngineConfig
+import pytest
+
 from knittrans.admission.service.app import start_admission_service
-from knittrans.admission.service.settings import AdmissionServiceSettings
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.aio import AsyncAdmissionClient
 from knittrans.client.connection import ConnectionSettings
-from knittrans.launch.ports import free_port
+from knittrans.errors import InvalidArgument
 from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
 from knittrans.reorg.node_feed import NodeAssignmentFeed
-from knittrans.serving.settings import MetricsSettings, ServerSettings
-from knittrans.types import BackboneTopology, ConsumerId, Topology
+from knittrans.types import ConsumerId
 
-from .test_reorg_assignment_stream import meta
+from .test_reorg_assignment_stream import journaled_service, meta
 
 FIRST, SECOND = ConsumerId(role="backbone", dp_rank=0, cp_rank=0), ConsumerId(role="backbone", dp_rank=0, cp_rank=1)
 
@@ -31,14 +29,7 @@ async def take(events, count: int) -> list[int]:
 
 
 async def test_consumers_sharing_a_node_stream_resume_and_rewind_on_their_own(redis_server) -> None:
-    port = free_port("127.0.0.1")
-    settings = AdmissionServiceSettings(
-        engine=EngineConfig(train_batch_size=8, num_minibatches=4, sources={"A": 0.5}),
-        topology=Topology(backbone=BackboneTopology(dp=1, cp=2, max_tokens_per_microbatch=4096)),
-        job=f"n{uuid.uuid4().hex[:8]}", state=redis_server.url,
-        server=ServerSettings(host="127.0.0.1", port=port, metrics=MetricsSettings(port=-1)),
-    )
-    address = f"127.0.0.1:{port}"
+    settings, address = journaled_service(redis_server.url, "n")
     connection = ConnectionSettings(target=address)
 
     def report(indices: range) -> None:
@@ -78,5 +69,26 @@ async def test_consumers_sharing_a_node_stream_resume_and_rewind_on_their_own(re
     finally:
         await first.close()
         await second.close()
+        await feed.close()
+        await service.stop(0)
+
+
+async def test_a_node_stream_the_service_refuses_fails_every_hosted_consumer_naming_the_field(redis_server) -> None:
+    """A refusal is not retried: each hosted consumer's reader raises it (its sidecar's pipeline then fails, and
+    the process exits for its supervisor to restart), here for a consumer the topology does not plan."""
+    settings, address = journaled_service(redis_server.url, "r")
+    watch = WatchSettings(initial_backoff=timedelta(milliseconds=20), max_backoff=timedelta(milliseconds=200))
+    unplanned = ConsumerId(role="backbone", dp_rank=0, cp_rank=5)
+    service = await start_admission_service(settings)
+    feed = NodeAssignmentFeed(AsyncAdmissionClient(ConnectionSettings(target=address)), [FIRST, unplanned],
+                              watch.retry)
+    try:
+        feed.registered(FIRST, 0)
+        feed.registered(unplanned, 0)
+        for consumer in (FIRST, unplanned):
+            with pytest.raises(InvalidArgument) as raised:
+                await asyncio.wait_for(anext(feed.messages(consumer, 0)), 20)
+            assert raised.value.field == "consumers[1].cp_rank", raised.value
+    finally:
         await feed.close()
         await service.stop(0)

@@ -43,15 +43,21 @@ def meta(index: int, tokens: int = 64) -> TrajectoryMeta:
     )
 
 
-async def test_the_stream_resumes_across_service_and_sidecar_restarts(redis_server) -> None:
+def journaled_service(redis_url: str, job_prefix: str) -> tuple[AdmissionServiceSettings, str]:
+    """A service journaled in Redis on a fixed free port (a restarted one is dialled at the same address), mini-
+    batches of two trajectories for dp 1 x cp 2; and its address."""
     port = free_port("127.0.0.1")
     settings = AdmissionServiceSettings(
         engine=EngineConfig(train_batch_size=8, num_minibatches=4, sources={"A": 0.5}),
         topology=Topology(backbone=BackboneTopology(dp=1, cp=2, max_tokens_per_microbatch=4096)),
-        job=f"s{uuid.uuid4().hex[:8]}", state=redis_server.url,
+        job=f"{job_prefix}{uuid.uuid4().hex[:8]}", state=redis_url,
         server=ServerSettings(host="127.0.0.1", port=port, metrics=MetricsSettings(port=-1)),
     )
-    address = f"127.0.0.1:{port}"
+    return settings, f"127.0.0.1:{port}"
+
+
+async def test_the_stream_resumes_across_service_and_sidecar_restarts(redis_server) -> None:
+    settings, address = journaled_service(redis_server.url, "s")
 
     def report(indices: range) -> None:
         with AdmissionClient(address) as client:

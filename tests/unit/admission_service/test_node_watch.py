@@ -24,7 +24,7 @@ consumers = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(consumers)
 def test_every_consumer_is_in_exactly_one_group_under_its_own_message(hosted: list[ConsumerId]) -> None:
-    node = NodeConsumers.of(hosted)
+    node = NodeConsumers(consumers=tuple(hosted))
     seen = []
     for group, keys in node.groups.items():
         for key, positions in keys.items():
@@ -45,7 +45,7 @@ def test_every_consumer_is_in_exactly_one_group_under_its_own_message(hosted: li
 ])
 def test_a_node_names_each_consumer_once(hosted: list[ConsumerId], field: str) -> None:
     with pytest.raises(InvalidArgument) as raised:
-        NodeConsumers.of(hosted)
+        NodeConsumers(consumers=tuple(hosted))
     assert raised.value.field == field
 
 

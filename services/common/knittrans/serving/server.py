@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from grpc import aio
@@ -113,6 +115,14 @@ async def start_server(
         server=server, address=address, metrics_port=metrics_port, health=health_servicer, registry=registry,
         _metrics_http=metrics_http, health_server=health_server, health_port=health_port, metrics_host=metrics_host,
     )
+
+
+def write_ready_file(path: Path, ready: Mapping[str, Any]) -> None:
+    """Announce a started server: ``ready`` as JSON at ``path``, which appears whole (written aside, then
+    renamed), so a supervisor that sees the file can read it."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(ready))
+    temporary.replace(path)
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -13,10 +12,10 @@ from pathlib import Path
 
 from knittrans.config import config_path_from_env, load_config
 from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
-from knittrans.reorg.endpoint import start_reorg
+from knittrans.reorg.endpoint import serve_until_stopped, start_reorg
 from knittrans.reorg.node_host import serve_node
 from knittrans.reorg.settings import ReorgSettings
-from knittrans.serving.server import run_until_signalled
+from knittrans.serving.server import run_until_signalled, write_ready_file
 from knittrans.store.factory import open_store
 
 logger = logging.getLogger(__name__)
@@ -89,20 +88,5 @@ async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Pat
         store.close()
         raise
     if ready_file is not None:
-        ready = {"address": running.address, "metrics_port": running.server.metrics_port,
-                 "metrics_url": running.server.metrics_url,
-                 "incarnation": running.sidecar.incarnation}
-        temporary = ready_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps(ready))
-        temporary.replace(ready_file)
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({stopping, running.pipeline}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        failed = running.pipeline.done() and not running.pipeline.cancelled() and running.pipeline.exception()
-        await running.stop(grace=settings.server.grace_seconds)
-    if failed:
-        logger.error("the sidecar stopped because its pipeline failed: %s", failed)
-        return 1
-    return 0
+        write_ready_file(ready_file, running.announcement)
+    return await serve_until_stopped([running], stop, settings.server.grace_seconds)

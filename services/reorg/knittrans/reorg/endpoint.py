@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -168,6 +168,12 @@ class RunningReorg:
     def address(self) -> str:
         return f"unix:{self.socket_path}"
 
+    @property
+    def announcement(self) -> dict[str, object]:
+        """What its ready file says: where trainers dial it, its metrics, its incarnation."""
+        return {"address": self.address, "metrics_port": self.server.metrics_port,
+                "metrics_url": self.server.metrics_url, "incarnation": self.sidecar.incarnation}
+
     async def stop(self, grace: float = 1.0) -> None:
         """Stop the pipeline and the endpoint, unlink every segment and the socket."""
         self.pipeline.cancel()
@@ -263,6 +269,22 @@ async def start_reorg(
                 sidecar.tp, ring.slots, sidecar.incarnation)
     return RunningReorg(sidecar=sidecar, server=server, socket_path=socket_path, pipeline=pipeline, _store=store,
                         _source=source, _close_store=close_store, _lease=lease)
+
+
+async def serve_until_stopped(running: Sequence[RunningReorg], stop: asyncio.Event, grace: float) -> int:
+    """Serve until ``stop`` is set or a pipeline fails, then stop every sidecar; 1 if a pipeline failed (a
+    supervisor restarts the process, and each consumer resumes from its acknowledged sequence), else 0."""
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({stopping, *(r.pipeline for r in running)}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        failed = [r for r in running if r.pipeline.done() and not r.pipeline.cancelled() and r.pipeline.exception()]
+        await asyncio.gather(*(r.stop(grace=grace) for r in running), return_exceptions=True)
+    for r in failed:
+        logger.error("the sidecar of %s stopped because its pipeline failed: %s", r.sidecar.consumer,
+                     r.pipeline.exception())
+    return 1 if failed else 0
 
 
 def _claim(settings: ReorgSettings) -> FileLease:

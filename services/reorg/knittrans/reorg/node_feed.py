@@ -35,7 +35,6 @@ class _Member:
     def __init__(self) -> None:
         self.position: int | None = None  # the last sequence it received; None until it registered
         self.queue: asyncio.Queue[Received | BaseException] = asyncio.Queue()
-        self.open = True
 
 
 class NodeAssignmentFeed:
@@ -53,10 +52,6 @@ class NodeAssignmentFeed:
         self._registered = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._streamed = 0  # the last sequence the stream passed on to every member
-
-    @property
-    def consumers(self) -> tuple[ConsumerId, ...]:
-        return self._consumers
 
     def registered(self, consumer: ConsumerId, acknowledged: int) -> None:
         """``consumer`` registered; its stream starts after ``acknowledged``."""

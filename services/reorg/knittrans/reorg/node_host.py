@@ -11,16 +11,16 @@ acknowledged sequence).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
 
 from knittrans.client.aio import AsyncAdmissionClient
 from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
-from knittrans.reorg.endpoint import RunningReorg, start_reorg
+from knittrans.reorg.endpoint import RunningReorg, serve_until_stopped, start_reorg
 from knittrans.reorg.node_feed import NodeAssignmentFeed
 from knittrans.reorg.settings import ReorgSettings
+from knittrans.serving.server import write_ready_file
 from knittrans.store.factory import open_store
 from knittrans.types import ConsumerId
 
@@ -60,35 +60,16 @@ async def serve_node(settings: ReorgSettings, stop: asyncio.Event, watch: WatchS
                 raise
             running.append(started)
     except BaseException:
-        await _stop_all(running, settings.server.grace_seconds)
+        await asyncio.gather(*(r.stop(grace=settings.server.grace_seconds) for r in running),
+                             return_exceptions=True)
         await feed.close()
         raise
     if ready_file is not None:
-        _write_ready(ready_file, running)
+        write_ready_file(ready_file, {"sidecars": [{"consumer": str(r.sidecar.consumer), **r.announcement}
+                                                   for r in running]})
     logger.info("hosting %d consumers over one assignment stream: %s", len(running),
                 ", ".join(str(r.sidecar.consumer) for r in running))
-    stopping = asyncio.create_task(stop.wait())
     try:
-        await asyncio.wait({stopping, *(r.pipeline for r in running)}, return_when=asyncio.FIRST_COMPLETED)
+        return await serve_until_stopped(running, stop, settings.server.grace_seconds)
     finally:
-        stopping.cancel()
-        failed = [r for r in running if r.pipeline.done() and not r.pipeline.cancelled() and r.pipeline.exception()]
-        await _stop_all(running, settings.server.grace_seconds)
         await feed.close()
-    for r in failed:
-        logger.error("the sidecar of %s stopped because its pipeline failed: %s", r.sidecar.consumer,
-                     r.pipeline.exception())
-    return 1 if failed else 0
-
-
-async def _stop_all(running: list[RunningReorg], grace: float) -> None:
-    await asyncio.gather(*(r.stop(grace=grace) for r in running), return_exceptions=True)
-
-
-def _write_ready(path: Path, running: list[RunningReorg]) -> None:
-    ready = {"sidecars": [{"consumer": str(r.sidecar.consumer), "address": r.address,
-                           "metrics_port": r.server.metrics_port, "metrics_url": r.server.metrics_url,
-                           "incarnation": r.sidecar.incarnation} for r in running]}
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(ready))
-    temporary.replace(path)

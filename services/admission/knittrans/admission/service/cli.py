@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 from pathlib import Path
 
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     from knittrans.admission.service.app import start_admission_service, tune_garbage_collector
-    from knittrans.serving.server import run_until_signalled
+    from knittrans.serving.server import run_until_signalled, write_ready_file
 
     async def main(stop: asyncio.Event) -> int:
         service = await start_admission_service(settings)
@@ -54,9 +53,7 @@ def run(args: argparse.Namespace) -> int:
                  "metrics_url": service.server.metrics_url, "health_port": service.server.health_port}
         logger.info("admission service ready: %s", ready)
         if args.ready_file is not None:
-            temporary = args.ready_file.with_suffix(".tmp")
-            temporary.write_text(json.dumps(ready))
-            temporary.replace(args.ready_file)
+            write_ready_file(args.ready_file, ready)
         stopping = asyncio.create_task(stop.wait())
         lost = asyncio.create_task(service.held_job.lost.wait())
         await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)

@@ -10,7 +10,7 @@ for, and the messages built by the time the stream gets to run go out together.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from knittrans.admission.service.assignment_messages import message_key
 from knittrans.admission.service.roles import group_of_role
@@ -26,28 +26,25 @@ _ASSIGNMENT = pb.NodeAssignment.DESCRIPTOR.fields_by_name["assignment"].number
 
 @dataclass(frozen=True, kw_only=True)
 class NodeConsumers:
-    """A node stream's consumers, by verdict group (one plan each) and message key, as positions in the request."""
+    """A node stream's consumers (each once), and, derived from them, their positions in the request by verdict
+    group (one plan each) and message key."""
 
     consumers: tuple[ConsumerId, ...]
-    groups: dict[str, dict[ConsumerId, tuple[int, ...]]]  # verdict group -> message key -> positions
+    groups: dict[str, dict[ConsumerId, tuple[int, ...]]] = field(init=False)  # group -> message key -> positions
 
     def __post_init__(self) -> None:
         if not self.consumers:
             raise InvalidArgument("names no consumer", field="consumers")
         seen: dict[ConsumerId, int] = {}
+        groups: dict[str, dict[ConsumerId, list[int]]] = {}
         for position, consumer in enumerate(self.consumers):
             if seen.setdefault(consumer, position) != position:
                 raise InvalidArgument(f"names {consumer} again (first at {seen[consumer]})",
                                       field=f"consumers[{position}]")
-
-    @staticmethod
-    def of(consumers: Sequence[ConsumerId]) -> NodeConsumers:
-        groups: dict[str, dict[ConsumerId, list[int]]] = {}
-        for position, consumer in enumerate(consumers):
             keys = groups.setdefault(group_of_role(consumer.role), {})
             keys.setdefault(message_key(consumer), []).append(position)
-        return NodeConsumers(consumers=tuple(consumers), groups={
-            group: {key: tuple(positions) for key, positions in keys.items()} for group, keys in groups.items()})
+        object.__setattr__(self, "groups", {group: {key: tuple(positions) for key, positions in keys.items()}
+                                            for group, keys in groups.items()})
 
     @property
     def roles(self) -> tuple[str, ...]:

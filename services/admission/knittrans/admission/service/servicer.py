@@ -320,31 +320,28 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
     ) -> AsyncIterator[pb.WatchAssignmentsResponse]:
         consumer = _consumer(request.consumer, "consumer")
         self._ledger.check_consumer(consumer)
-        after = self._checked_start(request.after_sequence)
         role = consumer.role
-        while True:
-            async with self._published:
-                await self._published.wait_for(lambda last=after: self._closed or self._ready_after(last, role))
-                if self._closed:
-                    return
-                pending = self._ledger.pending_after(after)
-            for minibatch in pending:  # in sequence order
-                if not ready_for(self._ledger, minibatch, role):
-                    break  # a trainer role's fields are not all attached yet: wait for them
-                dispatch = await self._plans.dispatch(minibatch, role)  # off the loop unless small
-                # Serialised once per DP rank (the boundary sends bytes as they are); built off the loop.
-                yield await self._messages.response(minibatch, dispatch, consumer,
-                                                    include_trajectory_ids=request.include_trajectory_ids)
-                after = minibatch.sequence
+        async for minibatch in self._dispatchable(self._checked_start(request.after_sequence), (role,)):
+            dispatch = await self._plans.dispatch(minibatch, role)  # off the loop unless small
+            # Serialised once per DP rank (the boundary sends bytes as they are); built off the loop.
+            yield await self._messages.response(minibatch, dispatch, consumer,
+                                                include_trajectory_ids=request.include_trajectory_ids)
 
     async def WatchNodeAssignments(
         self, request: pb.WatchNodeAssignmentsRequest, context: aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        node = NodeConsumers.of([_consumer(c, f"consumers[{i}]") for i, c in enumerate(request.consumers)])
+        node = NodeConsumers(consumers=tuple(_consumer(c, f"consumers[{i}]") for i, c in enumerate(request.consumers)))
         for position, consumer in enumerate(node.consumers):
             self._ledger.check_consumer(consumer, f"consumers[{position}]")
-        after = self._checked_start(request.after_sequence)
-        roles = node.roles
+        async for minibatch in self._dispatchable(self._checked_start(request.after_sequence), node.roles):
+            for group, positions_of in node.groups.items():
+                dispatch = await self._plans.dispatch(minibatch, node.role_of(group))
+                async for ready in self._messages.ready_batches(minibatch, dispatch, list(positions_of)):
+                    yield node_response_bytes([(positions_of[key], data) for key, data in ready])
+
+    async def _dispatchable(self, after: int, roles: tuple[str, ...]) -> AsyncIterator[AdmittedMiniBatch]:
+        """The admitted mini-batches after ``after``, in sequence order, each as soon as the consumers of every
+        role of ``roles`` may be dispatched it; ends when the service closes."""
         while True:
             async with self._published:
                 await self._published.wait_for(
@@ -355,10 +352,7 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             for minibatch in pending:  # in sequence order
                 if not all(ready_for(self._ledger, minibatch, role) for role in roles):
                     break  # a trainer role's fields are not all attached yet: wait for them
-                for group, positions in node.groups.items():
-                    dispatch = await self._plans.dispatch(minibatch, node.role_of(group))
-                    async for ready in self._messages.ready_batches(minibatch, dispatch, list(positions)):
-                        yield node_response_bytes([(positions[key], data) for key, data in ready])
+                yield minibatch
                 after = minibatch.sequence
 
     def _checked_start(self, after: int) -> int:
