@@ -154,7 +154,7 @@ class TrainerClient:
         self._prefetcher = prefetcher = Prefetcher(self._settings, self._stub, self._stager, self.stats,
                                                    interrupt=self._channel.close, restored_step=self._restored_step)
         self._feed = MiniBatchFeed(
-            take_next_of=prefetcher.take_next_of, ready_for_use=self._ready_for_use, release=prefetcher.release,
+            take_next_of=prefetcher.take_next_of, ready_for_use=self._ready_for_use, release=prefetcher.let_go,
             complete=self._complete, context=self.minibatch_context, own=prefetcher.own,
             restarted_since=prefetcher.restarted_since,
         )

@@ -2,7 +2,9 @@
 
 The prefetch thread long-polls the sidecar (``NextMicroBatch``) and stages what it publishes ahead of the
 training loop, at most ``prefetch`` micro-batches deep; the training loop takes them in order. The release
-thread frees consumed slots, so that an RPC costs the training loop nothing. A sidecar that restarts publishes
+thread frees consumed slots, so that an RPC costs the training loop nothing; it frees the ones the loop let go of
+on a tick (``release_interval_seconds``, see :class:`~knittrans.trainer.settings.TrainerSettings`), or at once
+when the loop waits for data. A sidecar that restarts publishes
 again what this rank may already have taken: that is released and skipped, by (sequence, micro-batch index).
 
 A new *delivery round* of the sidecar (another TP rank of the consumer restarted mid-mini-batch) withdrew what
@@ -18,6 +20,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -93,6 +96,7 @@ class Prefetcher:
         )
         self._stop = threading.Event()
         self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
+        self._held: deque[tuple[str, int, float]] = deque()  # let go of by the loop; freed on the next tick
         self._interrupt = interrupt
         # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
         self.session = uuid.uuid4().hex
@@ -115,6 +119,7 @@ class Prefetcher:
     def stop(self) -> None:
         """Send the releases queued, end the long poll in flight, and wait (a bounded time) for both threads."""
         self._stop.set()
+        self._free_held()
         self._release_queue.put(None)
         self._releaser.join(timeout=self._settings.poll_seconds + 2)
         self._interrupt()
@@ -135,17 +140,11 @@ class Prefetcher:
             return item
 
     def _take_item(self) -> Staged | RoundRestart | None:
-        # The wait that counts is for a micro-batch that was not staged yet; taking one that was is not waiting
-        # for data (even if this thread then waits a moment for the GIL).
-        ready = not self._queue.empty()
-        started = time.perf_counter()
-        while True:
-            try:
-                item = self._queue.get(timeout=0.5)
-                break
-            except queue.Empty:
-                if not self._fetcher.is_alive() and self._queue.empty():
-                    raise Unavailable("the prefetch thread stopped", field="sidecar") from None
+        try:
+            item: object = self._queue.get_nowait()
+            waited = 0.0  # it was staged: taking it is not waiting for data (even if the GIL then makes us wait)
+        except queue.Empty:
+            item, waited = self._wait_for_item()
         if item is _END:
             return None
         if isinstance(item, BaseException):
@@ -153,7 +152,6 @@ class Prefetcher:
         if isinstance(item, RoundRestart):
             return item
         assert isinstance(item, Staged)
-        waited = 0.0 if ready else time.perf_counter() - started
         item.waited = waited
         stats = self._stats
         stats.micro_batches += 1
@@ -161,6 +159,17 @@ class Prefetcher:
         if not self._eager:
             stats.waits.append(waited)
         return item
+
+    def _wait_for_item(self) -> tuple[object, float]:
+        """The next item, once the prefetch thread queues it; and how long the loop waited for it."""
+        started = time.perf_counter()
+        self._free_held()  # a slot held back may be what the sidecar needs to publish the next one
+        while True:
+            try:
+                return self._queue.get(timeout=0.5), time.perf_counter() - started
+            except queue.Empty:
+                if not self._fetcher.is_alive() and self._queue.empty():
+                    raise Unavailable("the prefetch thread stopped", field="sidecar") from None
 
     def take_next_of(self, sequence: int) -> Staged:
         """The next micro-batch of mini-batch ``sequence``; raises MiniBatchRestarted if it was restarted."""
@@ -188,10 +197,22 @@ class Prefetcher:
             staged.owned = True
 
     def release(self, staged: Staged) -> None:
+        """Free ``staged``'s slot now."""
         if staged.released:
             return
         staged.released = True
         self._send_release(staged.descriptor, waited=staged.waited)
+
+    def let_go(self, staged: Staged) -> None:
+        """The training loop is done with ``staged``: its slot is freed on the release thread's next tick, or now
+        if the loop had to wait for it (data is what the loop waits on, so the sidecar needs the slot)."""
+        if staged.released:
+            return
+        if staged.waited > 0 or not self._settings.release_interval_seconds:
+            self.release(staged)
+            return
+        staged.released = True
+        self._held.append((staged.descriptor.incarnation, staged.descriptor.ticket, staged.waited))
 
     # ---- the prefetch thread -----------------------------------------------------------------------------
 
@@ -358,9 +379,26 @@ class Prefetcher:
     def _send_release(self, descriptor: MicroBatchDescriptor, *, waited: float) -> None:
         self._release_queue.put((descriptor.incarnation, descriptor.ticket, waited))
 
+    def _free_held(self) -> None:
+        """Queue what the loop let go of, to be freed now (from the loop's thread, this wakes the release thread)."""
+        while True:
+            try:
+                self._release_queue.put(self._held.popleft())
+            except IndexError:
+                return
+
+    def _next_release(self) -> tuple[str, int, float] | None:
+        """The next slot to free: one queued, or on the tick, those held back."""
+        interval = self._settings.release_interval_seconds or None
+        while True:
+            try:
+                return self._release_queue.get(timeout=interval)
+            except queue.Empty:
+                self._free_held()
+
     def _release_loop(self) -> None:
         tp_rank = self._settings.tp_rank
-        while (item := self._release_queue.get()) is not None:
+        while (item := self._next_release()) is not None:
             incarnation, ticket, waited = item
             request = pb.ReleaseMicroBatchRequest(request_id=f"{incarnation}/{ticket}/{tp_rank}", tp_rank=tp_rank,
                                                   ticket=ticket, waited_seconds=waited, incarnation=incarnation)

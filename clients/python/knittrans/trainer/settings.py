@@ -25,6 +25,11 @@ class TrainerSettings:
     poll_seconds: float = 5.0  # one long poll of NextMicroBatch
     sidecar_timeout_seconds: float = 15.0  # an unreachable sidecar raises Unavailable after this long
     wait_timeout_seconds: float = 0.0  # > 0: raise DeadlineExceeded when no micro-batch comes for this long
+    # The slots the training loop let go of are freed on a tick of this period, not the moment it lets go: a
+    # thread woken right then would take the GIL (and, on a busy host, the core) from the loop while it takes the
+    # next micro-batch, the one moment its data access is exposed. A slot of a micro-batch the loop had to wait
+    # for is freed at once, and so is every slot held back when the loop starts waiting. 0: always at once.
+    release_interval_seconds: float = 0.01
     admission: ConnectionSettings | None = None  # progress reports go here; None: nobody is told
     report_progress: bool = True
     advance_version: bool | None = None  # None: global rank 0 does (of the backbone; a trainer role's never)
@@ -44,8 +49,9 @@ class TrainerSettings:
         for name in ("poll_seconds", "sidecar_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument("must be positive", field=name)
-        if self.wait_timeout_seconds < 0:
-            raise InvalidArgument("must not be negative", field="wait_timeout_seconds")
+        for name in ("wait_timeout_seconds", "release_interval_seconds"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument("must not be negative", field=name)
 
     @property
     def target(self) -> str:

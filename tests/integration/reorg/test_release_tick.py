@@ -1,0 +1,119 @@
+"""The slots the training loop let go of are freed on the release thread's tick (``release_interval_seconds``),
+or at once when the loop starts waiting for data (a slot held back may be what the sidecar needs), or when the
+client closes. Observed from the sidecar's side: a real sidecar on a Unix socket, its status counting what it
+published and what is still occupied. The tick is set far longer than the test runs, so only the early frees
+can let it pass."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import numpy as np
+import pytest
+
+from knittrans.admission.planning import plan_minibatch
+from knittrans.errors import InvalidArgument
+from knittrans.reorg.assignments import Admission, PlannedAssignmentSource
+from knittrans.reorg.endpoint import RunningReorg, start_reorg
+from knittrans.reorg.settings import ReorgSettings, RingSettings
+from knittrans.rollout import RolloutClient
+from knittrans.serving.settings import MetricsSettings, ServerSettings
+from knittrans.store.file import FileUnitStore
+from knittrans.trainer import TrainerClient, TrainerSettings
+from knittrans.types import BackboneTopology, ConsumerId, Topology, VersionSegment
+from tests.loop_thread import LoopThread
+
+TOPOLOGY = Topology(backbone=BackboneTopology(dp=1, cp=1, tp=1, max_tokens_per_microbatch=100))
+LENGTHS = (90, 70, 100, 60, 80, 95)  # no two fit one micro-batch: one micro-batch each
+LONGER_THAN_THE_TEST = 600.0
+T = TypeVar("T")
+
+
+@pytest.fixture
+def sidecar(tmp_path) -> Iterator[RunningReorg]:
+    job = f"rel{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "units"
+    rollout = RolloutClient(FileUnitStore(root), namespace=job)
+    rng = np.random.default_rng(11)
+    metas = [rollout.submit({"input_ids": rng.integers(1, 1000, length, dtype=np.int32)},
+                            trajectory_id=f"t{i}", sample_id=f"s{i}", source="A", rollout_step=0,
+                            segments=(VersionSegment(version=0, num_tokens=length),), loss_mask_field=None)
+             for i, length in enumerate(LENGTHS)]
+    plan = plan_minibatch(metas, TOPOLOGY)
+    assert plan.microbatches_per_rank == len(LENGTHS)
+    consumer = ConsumerId(role="backbone", dp_rank=0)
+    settings = ReorgSettings(job=job, role=consumer.role, dp_rank=0, cp_rank=0, store=f"file://{root}",
+                             ring=RingSettings(slots=2), server=ServerSettings(metrics=MetricsSettings(port=-1)))
+    source = PlannedAssignmentSource(consumer, [(Admission(minibatch_index=0, num_minibatches=1), plan)], job=job)
+    loop = LoopThread()
+    running = loop.run(start_reorg(settings, source=source, store=FileUnitStore(root)))
+    yield running
+    loop.run(running.stop(grace=0))
+    loop.close()
+
+
+def client_for(sidecar: RunningReorg, interval: float) -> TrainerClient:
+    return TrainerClient(TrainerSettings(sidecar=sidecar.address, device="cpu", prefetch=1, poll_seconds=1.0,
+                                         release_interval_seconds=interval, report_progress=False))
+
+
+def eventually(condition: Callable[[], bool], *, within: float = 30.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def when_staged(client: TrainerClient, take: Callable[[], T]) -> T:
+    """``take()``, once both ring slots are published and the prefetch thread had time to stage the next
+    micro-batch, so that taking it is not a wait for data (the slot of one the loop waited for is freed at once)."""
+    assert eventually(lambda: client.status().published == 2)
+    time.sleep(0.5)
+    return take()
+
+
+def test_slots_let_go_of_are_held_back_until_the_loop_waits_for_data(sidecar) -> None:
+    client = client_for(sidecar, LONGER_THAN_THE_TEST)
+    try:
+        mini = when_staged(client, lambda: next(client.mini_batches()))
+        micro_batches = iter(mini)
+        first = next(micro_batches)
+        assert (first.index, first.waited_seconds) == (0, 0.0), "precondition: micro-batch 0 was staged"
+        time.sleep(0.5)  # micro-batch 1 goes into the prefetch queue that taking micro-batch 0 made room in
+        second = next(micro_batches)  # lets go of micro-batch 0
+        assert (second.index, second.waited_seconds) == (1, 0.0), "precondition: micro-batch 1 was staged"
+        time.sleep(0.5)
+        status = client.status()
+        assert (status.published, status.slots_occupied) == (2, 2)  # micro-batch 0's slot is held back
+
+        taken: list[int] = []
+        consumer = threading.Thread(target=lambda: taken.extend(m.index for m in micro_batches), daemon=True)
+        consumer.start()  # micro-batch 2 needs the slot held back: the loop waits, which frees it
+        consumer.join(timeout=60)
+        assert taken == list(range(2, len(LENGTHS)))
+        assert client.status().published == len(LENGTHS)
+    finally:
+        client.close()  # frees what is still held back
+    assert eventually(lambda: sidecar.sidecar.ring.occupied == 0)
+
+
+def test_without_a_tick_the_slot_is_freed_while_the_loop_computes(sidecar) -> None:
+    with client_for(sidecar, 0.0) as client:
+        micro_batches = iter(when_staged(client, lambda: next(client.mini_batches())))
+        assert next(micro_batches).index == 0
+        time.sleep(0.5)
+        second = next(micro_batches)
+        assert (second.index, second.waited_seconds) == (1, 0.0), "precondition: micro-batch 1 was staged"
+        assert eventually(lambda: client.status().published == 3)  # micro-batch 0's slot holds micro-batch 2
+
+
+def test_a_negative_interval_is_refused_naming_the_field() -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        TrainerSettings(sidecar="unix:/nowhere.sock", release_interval_seconds=-0.001)
+    assert raised.value.field == "release_interval_seconds"
