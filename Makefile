@@ -53,11 +53,14 @@ chaos: sysdeps venv
 test: sysdeps venv
 	$(PY) -m pytest -q -m "not container"
 
-# Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result.
+# Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result. The admission
+# service's cluster-scale grid (issue 16: 64 to 4,096 trajectories, 5 to 320 consumers) runs last.
 BENCHMARKS := admission_engine planner simulate store admission_service admission_client rollout_submit encoder_dedup transfer recovery
 bench: sysdeps venv
 	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
-	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done
+	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done; \
+	  echo "== benchmarks/admission_service.py --scale"; \
+	  $(PY) benchmarks/admission_service.py --scale --rounds 9 | tee bench-out/admission_service_scale.json
 
 # Across network hosts in Linux network namespaces (root only): cross-node batch reads at an unlimited and a 1 Gbit
 # link, and exposed transfer per step (iter vs eager) at both. Elsewhere each prints {"skipped": why} (exit 2).
