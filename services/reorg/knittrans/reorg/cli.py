@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -19,6 +20,8 @@ from knittrans.serving.server import run_until_signalled, write_ready_file
 from knittrans.store.factory import open_store
 
 logger = logging.getLogger(__name__)
+
+TASKS = "/proc/self/task"  # one entry per thread of this process (Linux)
 
 
 def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -39,6 +42,8 @@ def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
                                          "/tmp/knittrans-<job>/reorg-<role>-dp<D>-cp<C>.sock)")
     parser.add_argument("--slots", type=int, help="ring size K (default 4)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 picks a free one, -1 disables")
+    parser.add_argument("--cpu-nice", type=int, help="CPU niceness, 0-19 (default 10: the trainer's work comes "
+                                                     "first where they share cores)")
     parser.add_argument("--ready-file", type=Path, help="write {address, metrics_port, metrics_url, incarnation} "
                                                        "as JSON here once serving")
     return _run
@@ -56,9 +61,25 @@ def _run(args: argparse.Namespace) -> int:
         "ring.slots": args.slots,
         "consumers": tuple(args.consumers) if args.consumers else None,
         "server.metrics.port": args.metrics_port,
+        "cpu_nice": args.cpu_nice,
     }
     settings = load_config(ReorgSettings, path=args.config or config_path_from_env(), flags=flags)
+    lower_cpu_priority(settings.cpu_nice)  # before serving: the threads started then inherit it
     return run_until_signalled(lambda stop: serve(settings, stop, ready_file=args.ready_file))
+
+
+def lower_cpu_priority(nice: int) -> None:
+    """Make every thread of this process at least ``nice`` nice. Linux keeps niceness per thread: each thread
+    already running (the runtime's, the import's) is set, and those started later inherit it from their creator.
+    Raising niceness needs no privilege; lowering it does, so a thread that started nicer keeps its own."""
+    threads = [int(t) for t in os.listdir(TASKS)] if os.path.isdir(TASKS) else [0]
+    for thread in threads:
+        try:
+            if nice > os.getpriority(os.PRIO_PROCESS, thread):
+                os.setpriority(os.PRIO_PROCESS, thread, nice)
+        except ProcessLookupError:  # it ended meanwhile
+            continue
+    logger.debug("CPU niceness %d for %d threads", nice, len(threads))
 
 
 async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Path | None = None) -> int:

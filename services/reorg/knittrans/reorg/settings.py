@@ -35,6 +35,7 @@ from knittrans.types import ConsumerId
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+MAX_NICE = 19
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,10 +89,18 @@ class ReorgSettings:
     # The consumers this process hosts, as role:dp_rank:cp_rank, over one assignment stream
     # (knittrans.reorg.node_feed); empty: the one consumer named by role, dp_rank and cp_rank.
     consumers: tuple[str, ...] = ()
+    # The process's CPU niceness (0-19; one that starts nicer keeps its own). A sidecar's work is background to
+    # the trainer's: it packs ahead while the rank computes, and where the two share cores the scheduler should
+    # give the training loop the CPU the moment it takes its next micro-batch (benchmarks/transfer.py, steady
+    # state). A rank waiting for data leaves the CPU to the sidecar anyway. 0 where other busy work on the node
+    # starves the sidecar (knittrans_reorg_trainer_wait_seconds grows).
+    cpu_nice: int = 10
 
     def __post_init__(self) -> None:
         if self.job:
             check_job(self.job)
+        if not 0 <= self.cpu_nice <= MAX_NICE:
+            raise InvalidArgument(f"must be in [0, {MAX_NICE}], got {self.cpu_nice}", field="cpu_nice")
         self.consumer  # noqa: B018 (validates role and ranks)
         hosted = self.hosted_consumers
         if len(set(hosted)) != len(hosted):
