@@ -1,8 +1,8 @@
 """The slots the training loop let go of are freed on the release thread's tick (``release_interval_seconds``),
 or at once when the loop starts waiting for data (a slot held back may be what the sidecar needs), or when the
-client closes. Observed from the sidecar's side: a real sidecar on a Unix socket, its status counting what it
-published and what is still occupied. The tick is set far longer than the test runs, so only the early frees
-can let it pass."""
+client closes; the slot of a micro-batch the loop had to wait for is freed at once. Observed from the sidecar's
+side: a real sidecar on a Unix socket, its status counting what it published and what is still occupied. The
+tick is set far longer than the test runs, so only the early frees can let it pass."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from knittrans.store.file import FileUnitStore
 from knittrans.trainer import TrainerClient, TrainerSettings
 from knittrans.types import BackboneTopology, ConsumerId, Topology, VersionSegment
 from tests.loop_thread import LoopThread
+
+from .single_sidecar_job import wait_for
 
 TOPOLOGY = Topology(backbone=BackboneTopology(dp=1, cp=1, tp=1, max_tokens_per_microbatch=100))
 LENGTHS = (90, 70, 100, 60, 80, 95)  # no two fit one micro-batch: one micro-batch each
@@ -61,19 +63,10 @@ def client_for(sidecar: RunningReorg, interval: float) -> TrainerClient:
                                          release_interval_seconds=interval, report_progress=False))
 
 
-def eventually(condition: Callable[[], bool], *, within: float = 30.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 def when_staged(client: TrainerClient, take: Callable[[], T]) -> T:
     """``take()``, once both ring slots are published and the prefetch thread had time to stage the next
     micro-batch, so that taking it is not a wait for data (the slot of one the loop waited for is freed at once)."""
-    assert eventually(lambda: client.status().published == 2)
+    wait_for(lambda: client.status().published == 2, "both ring slots published")
     time.sleep(0.5)
     return take()
 
@@ -92,15 +85,25 @@ def test_slots_let_go_of_are_held_back_until_the_loop_waits_for_data(sidecar) ->
         status = client.status()
         assert (status.published, status.slots_occupied) == (2, 2)  # micro-batch 0's slot is held back
 
-        taken: list[int] = []
-        consumer = threading.Thread(target=lambda: taken.extend(m.index for m in micro_batches), daemon=True)
+        taken: list = []
+        consumer = threading.Thread(target=lambda: taken.append(next(micro_batches)), daemon=True)
         consumer.start()  # micro-batch 2 needs the slot held back: the loop waits, which frees it
         consumer.join(timeout=60)
-        assert taken == list(range(2, len(LENGTHS)))
+        assert [m.index for m in taken] == [2] and taken[0].waited_seconds > 0
+
+        wait_for(lambda: client.status().published == 4, "micro-batch 3 in micro-batch 1's slot")
+        time.sleep(0.5)
+        assert next(micro_batches).index == 3  # lets go of micro-batch 2, which the loop waited for: freed at once
+        wait_for(lambda: client.status().published == 5, "micro-batch 4 in micro-batch 2's slot, no wait needed")
+
+        rest = threading.Thread(target=lambda: taken.extend(micro_batches), daemon=True)
+        rest.start()
+        rest.join(timeout=60)
+        assert [m.index for m in taken] == [2, *range(4, len(LENGTHS))]
         assert client.status().published == len(LENGTHS)
     finally:
         client.close()  # frees what is still held back
-    assert eventually(lambda: sidecar.sidecar.ring.occupied == 0)
+    wait_for(lambda: sidecar.sidecar.ring.occupied == 0, "an empty ring after the client closed")
 
 
 def test_without_a_tick_the_slot_is_freed_while_the_loop_computes(sidecar) -> None:
@@ -110,7 +113,7 @@ def test_without_a_tick_the_slot_is_freed_while_the_loop_computes(sidecar) -> No
         time.sleep(0.5)
         second = next(micro_batches)
         assert (second.index, second.waited_seconds) == (1, 0.0), "precondition: micro-batch 1 was staged"
-        assert eventually(lambda: client.status().published == 3)  # micro-batch 0's slot holds micro-batch 2
+        wait_for(lambda: client.status().published == 3, "micro-batch 2 in micro-batch 0's slot")
 
 
 def test_a_negative_interval_is_refused_naming_the_field() -> None:

@@ -79,6 +79,10 @@ def lower_cpu_priority(nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, thread, nice)
         except ProcessLookupError:  # it ended meanwhile
             continue
+        except PermissionError as error:  # a sandbox that forbids it: serve all the same, at the priority we have
+            logger.warning("cannot set CPU niceness %d (%s); serving at niceness %d", nice, error,
+                           os.getpriority(os.PRIO_PROCESS, 0))
+            return
     logger.debug("CPU niceness %d for %d threads", nice, len(threads))
 
 
