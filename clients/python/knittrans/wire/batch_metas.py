@@ -41,22 +41,22 @@ def _lookup(table: Mapping[int, T], number: int, what: str) -> T:
     return table[number]
 
 
-def _headers(message: trajectory_pb2.UnitHeaderColumns, count: int, path: str) -> list[UnitHeader]:
+def _headers(message: trajectory_pb2.UnitHeaderColumns, count: int, path: str, first: int,
+             stop: int) -> list[UnitHeader]:
+    """Headers ``first:stop`` of the ``count`` in ``message`` (every column's length is checked whole). Only the
+    asked ones are built: a sidecar decodes its rank's batch one micro-batch at a time, and building every header
+    of the batch for each made decoding grow with the whole batch (17 times the headers at 17 micro-batches)."""
     for name in ("dtypes", "ranks", "has_seq_axis", "seq_axes", "byte_lengths", "content_hashes", "chunk_tokens"):
         _check_length(path, name, getattr(message, name), count)
     shape_offsets = _offsets(message.ranks)
     _check_length(path, "shape", message.shape, shape_offsets[-1])
-    shape = list(message.shape)
-    dtypes, has_axis, axes = list(message.dtypes), list(message.has_seq_axis), list(message.seq_axes)
-    byte_lengths, hashes, chunks = list(message.byte_lengths), list(message.content_hashes), list(message.chunk_tokens)
-    headers = []
-    for k in range(count):
-        headers.append(within(f"{path}[{k}]", lambda k=k: UnitHeader(  # type: ignore[misc]
-            dtype=_lookup(DTYPE_FROM_PROTO, dtypes[k], "dtype"),
-            shape=tuple(shape[shape_offsets[k]:shape_offsets[k + 1]]),
-            byte_length=byte_lengths[k], content_hash=hashes[k], seq_axis=axes[k] if has_axis[k] else None,
-            chunk_tokens=chunks[k])))
-    return headers
+    shape, dtypes, has_axis, axes = message.shape, message.dtypes, message.has_seq_axis, message.seq_axes
+    byte_lengths, hashes, chunks = message.byte_lengths, message.content_hashes, message.chunk_tokens
+    return [within(f"{path}[{k}]", lambda k=k: UnitHeader(  # type: ignore[misc]
+        dtype=_lookup(DTYPE_FROM_PROTO, dtypes[k], "dtype"),
+        shape=tuple(shape[shape_offsets[k]:shape_offsets[k + 1]]),
+        byte_length=byte_lengths[k], content_hash=hashes[k], seq_axis=axes[k] if has_axis[k] else None,
+        chunk_tokens=chunks[k])) for k in range(first, stop)]
 
 
 def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "trajectories", start: int = 0,
@@ -86,10 +86,13 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
         _check_length(path, name, getattr(batch, name), refs[-1])
     for name in ("scalar_names", "scalar_values"):
         _check_length(path, name, getattr(batch, name), scalars[-1])
-    unit_headers = _headers(batch.unit_headers, units[-1], f"{path}.unit_headers")
+    first_unit = units[start]
+    unit_headers = _headers(batch.unit_headers, units[-1], f"{path}.unit_headers", first_unit, units[stop])
     has_header = list(batch.multimodal_has_header)
     header_rows = _offsets(has_header)  # reference k's header, if any, is header_rows[k]
-    ref_headers = _headers(batch.multimodal_headers, header_rows[-1], f"{path}.multimodal_headers")
+    first_header = header_rows[refs[start]]
+    ref_headers = _headers(batch.multimodal_headers, header_rows[-1], f"{path}.multimodal_headers", first_header,
+                           header_rows[refs[stop]])
     field_names, encoders = list(batch.field_names), list(batch.encoders)
     versions, lengths = list(batch.segment_versions), list(batch.segment_tokens)
     unit_keys, unit_fields, unit_kinds = list(batch.unit_keys), list(batch.unit_fields), list(batch.unit_kinds)
@@ -120,7 +123,7 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
             units=tuple(
                 within(f"units[{k - units[i]}]", lambda k=k: UnitRef(  # type: ignore[misc]
                     key=UnitKey(unit_keys[k]), field_name=name_of(field_names, unit_fields[k], "field names"),
-                    kind=_lookup(UNIT_KIND_FROM_PROTO, unit_kinds[k], "unit kind"), header=unit_headers[k],
+                    kind=_lookup(UNIT_KIND_FROM_PROTO, unit_kinds[k], "unit kind"), header=unit_headers[k - first_unit],
                     alignment=_lookup(ALIGNMENT_FROM_PROTO, alignments[k], "field alignment"),
                     coverage=_lookup(COVERAGE_FROM_PROTO, coverages[k], "token coverage")))
                 for k in range(units[i], units[i + 1])
@@ -130,7 +133,7 @@ def metas_from_batch(batch: trajectory_pb2.TrajectoryBatch, path: str = "traject
                     key=UnitKey(ref_keys[k]), encoder=name_of(encoders, ref_encoders[k], "encoders"), cost=costs[k],
                     placeholder=TokenSpan(start=starts[k], end=ends[k]),
                     kind=_lookup(UNIT_KIND_FROM_PROTO, ref_kinds[k], "unit kind"),
-                    header=ref_headers[header_rows[k]] if has_header[k] else None))
+                    header=ref_headers[header_rows[k] - first_header] if has_header[k] else None))
                 for k in range(refs[i], refs[i + 1])
             ),
             scalars=tuple(sorted(zip(scalar_names[scalars[i]:scalars[i + 1]],
