@@ -14,8 +14,10 @@ first micro-batch (iter) or its whole mini-batch (eager); every later second the
 counts too, its own take/release work included. Timestamps are ``time.time()`` in every process.
 
 Each arm runs warm-up steps, then ``--steps`` measured ones: the first is cold (reported while the trainer
-waits), the later ones are the steady state (KnitTrans and the streaming loader get the next mini-batch's data
-as soon as the current one's, which the engine's ``max_batches_ahead`` of 1 allows). The arms are interleaved:
+waits), the later ones are the steady state (the streaming loader gets the next mini-batch's data as soon as the
+current one's; KnitTrans gets it once every DP group holds the current one's micro-batch 0, so a cold step
+never shares the machine with the next mini-batch's dispatch; both are one mini-batch ahead, which the engine's
+``max_batches_ahead`` of 1 allows). The arms are interleaved:
 each of ``--repeats`` runs goes through all of them, in reverse order every other run. Per run the ratio of the
 strongest TransferQueue arm's cold exposed transfer to KnitTrans iter's is taken on each store; the summary gives
 medians over the runs. KnitTrans's earlier figure (from the moment the last consumer had its assignment, loop

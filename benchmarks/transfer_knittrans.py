@@ -11,8 +11,12 @@ Per step:
 1. the step's units are written to the unit store before the arm's steps run (not timed, as the TransferQueue
    arm's writes are not);
 2. the metadata is reported; the service admits and dispatches the assignments. With ``report_ahead`` the
-   next step's metadata is reported as soon as this one's is (the rollouts run one mini-batch ahead, which the
-   engine's ``max_batches_ahead`` of 1 allows), so the next mini-batch can be staged while this one trains;
+   next step's metadata is reported while this one trains (the rollouts run one mini-batch ahead, which the
+   engine's ``max_batches_ahead`` of 1 allows), so the next mini-batch can be staged before the loop asks for
+   it. It is reported once every group holds this step's micro-batch 0: a step's first micro-batch then never
+   shares the machine with the next mini-batch's admission and dispatch, as TransferQueue's steps share it with
+   no next step's puts (the next mini-batch's last rollout finishes at some point of a multi-second step; the
+   earliest point the steady state can use is the one after the cold clock stops);
 3. the group runs its micro-batches in lockstep: all its ranks must hold micro-batch i before it computes
    (simulated, ``seconds_per_token x tokens``); before micro-batch 0 every encoder rank must hold all its inputs
    (encoders run first and exchange encodings, as in the encoding-reuse helper);
@@ -33,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import queue
 import statistics
 import sys
 import tempfile
@@ -121,6 +126,7 @@ class Sync:
 
     ready: Any  # every group process has its clients (torch imported, prefetching started)
     encoders_done: list[Any]
+    first_microbatch_held: Any  # a queue: (step, dp rank) once the group's ranks all hold micro-batch 0
 
 
 def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
@@ -179,6 +185,8 @@ def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
                 if micros[0] is None:
                     break
                 record["ready"].append(time.time())
+                if len(record["ready"]) == 1:
+                    sync.first_microbatch_held.put((step, task.dp_rank))
                 record["client_blocked"].append(max(m.waited_seconds for m in micros))
                 started = time.perf_counter()
                 tokens = int(micros[0]["seq_lengths"].sum()) if "seq_lengths" in micros[0] else 0
@@ -285,7 +293,8 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
     config = workload.config
     total = warmup_steps + steps
     context = multiprocessing.get_context("spawn")
-    sync = Sync(ready=context.Barrier(config.dp + 1), encoders_done=[context.Barrier(config.dp) for _ in range(total)])
+    sync = Sync(ready=context.Barrier(config.dp + 1), encoders_done=[context.Barrier(config.dp) for _ in range(total)],
+                first_microbatch_held=context.Queue())
     results = context.Queue()
     store = open_store(cluster.store_url, job=cluster.job)
     arm = f"knittrans-{mode.value}"
@@ -316,12 +325,30 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                 reported[step] = time.time()
                 admission.report(written[step][0])
 
+            held: dict[int, int] = {}
+
+            def wait_first_microbatch(step: int) -> None:
+                """Until every group holds micro-batch 0 of ``step`` (a group that failed has its error in
+                ``results`` instead, raised below once the step's records are collected)."""
+                deadline = time.monotonic() + 600
+                while held.get(step, 0) < config.dp:
+                    try:
+                        held_step, _ = sync.first_microbatch_held.get(timeout=5)
+                    except queue.Empty:
+                        if not all(process.is_alive() for process in processes):
+                            return
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"{arm}: step {step}'s micro-batch 0 not held after 600 s") from None
+                        continue
+                    held[held_step] = held.get(held_step, 0) + 1
+
             for step in range(total):
                 if step == warmup_steps:
                     before = cluster.statuses()  # the warm-up's reads are over: its records are in
                 if step not in reported:
                     report(step)
                 if report_ahead and warmup_steps <= step < total - 1:
+                    wait_first_microbatch(step)
                     report(step + 1)  # lands while this step trains
                 while len(waiting.get(step, [])) < config.dp:
                     record = results.get(timeout=600)
