@@ -303,7 +303,8 @@ def run_roles_arm(cluster: Cluster, workload: Workload, reference: ReferenceTopo
                   ) -> list[dict[str, Any]]:
     """One report per variant (``passes[v]`` passes of the actor), each after its own warm-up steps and with
     ``steps`` measured ones (the first cold; with ``report_ahead`` each later one is reported as soon as the one
-    before it, as in :func:`transfer_knittrans.run_arm`). The rank processes start once for all variants."""
+    before it: earlier than :func:`transfer_knittrans.run_arm` reports it, so this arm's cold step shares the
+    machine with the next mini-batch's dispatch). The rank processes start once for all variants."""
     config = workload.config
     total = warmup_steps + steps
     context = multiprocessing.get_context("spawn")
