@@ -2,14 +2,17 @@
 or at once when the loop starts waiting for data (a slot held back may be what the sidecar needs), or when the
 client closes; the slot of a micro-batch the loop had to wait for is freed at once. Observed from the sidecar's
 side: a real sidecar on a Unix socket, its status counting what it published and what is still occupied. The
-tick is set far longer than the test runs, so only the early frees can let it pass."""
+tick is set far longer than the test runs, so only the early frees can let it pass. While the loop waits for
+data, the release thread does not tick at all: observed as the thread's context switches in /proc."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -35,8 +38,29 @@ LONGER_THAN_THE_TEST = 600.0
 T = TypeVar("T")
 
 
+class VerdictOnRequest(PlannedAssignmentSource):
+    """Gives no verdict until the test sets ``given``: the loop waits for data for as long as the test likes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.given = asyncio.Event()
+
+    async def wait_verdict(self, sequence: int):
+        await self.given.wait()
+        return await super().wait_verdict(sequence)
+
+
 @pytest.fixture
 def sidecar(tmp_path) -> Iterator[RunningReorg]:
+    loop = LoopThread()
+    running, _ = start_sidecar(tmp_path, loop, PlannedAssignmentSource)
+    yield running
+    loop.run(running.stop(grace=0))
+    loop.close()
+
+
+def start_sidecar(tmp_path, loop: LoopThread, source_type: type[PlannedAssignmentSource]
+                  ) -> tuple[RunningReorg, PlannedAssignmentSource]:
     job = f"rel{uuid.uuid4().hex[:8]}"
     root = tmp_path / "units"
     rollout = RolloutClient(FileUnitStore(root), namespace=job)
@@ -50,12 +74,8 @@ def sidecar(tmp_path) -> Iterator[RunningReorg]:
     consumer = ConsumerId(role="backbone", dp_rank=0)
     settings = ReorgSettings(job=job, role=consumer.role, dp_rank=0, cp_rank=0, store=f"file://{root}",
                              ring=RingSettings(slots=2), server=ServerSettings(metrics=MetricsSettings(port=-1)))
-    source = PlannedAssignmentSource(consumer, [(Admission(minibatch_index=0, num_minibatches=1), plan)], job=job)
-    loop = LoopThread()
-    running = loop.run(start_reorg(settings, source=source, store=FileUnitStore(root)))
-    yield running
-    loop.run(running.stop(grace=0))
-    loop.close()
+    source = source_type(consumer, [(Admission(minibatch_index=0, num_minibatches=1), plan)], job=job)
+    return loop.run(start_reorg(settings, source=source, store=FileUnitStore(root))), source
 
 
 def client_for(sidecar: RunningReorg, interval: float) -> TrainerClient:
@@ -120,3 +140,37 @@ def test_a_negative_interval_is_refused_naming_the_field() -> None:
     with pytest.raises(InvalidArgument) as raised:
         TrainerSettings(sidecar="unix:/nowhere.sock", release_interval_seconds=-0.001)
     assert raised.value.field == "release_interval_seconds"
+
+
+def voluntary_switches(thread: threading.Thread) -> int:
+    """How many times ``thread`` has blocked and been woken (each tick of a timed wait is one)."""
+    status = (Path("/proc/self/task") / str(thread.native_id) / "status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("voluntary_ctxt_switches:")).split()[1])
+
+
+def test_while_the_loop_waits_for_data_the_release_thread_sleeps_and_slots_still_come_back(tmp_path) -> None:
+    loop = LoopThread()
+    running, source = start_sidecar(tmp_path, loop, VerdictOnRequest)
+    assert isinstance(source, VerdictOnRequest)
+    threads_before = set(threading.enumerate())
+    client = client_for(running, 0.01)
+    try:
+        release_thread = next(t for t in set(threading.enumerate()) - threads_before
+                              if t.name.startswith("knittrans-release"))
+        taken: list = []
+        waiting = threading.Thread(target=lambda: taken.append(list(next(client.mini_batches()))), daemon=True)
+        waiting.start()  # no verdict, nothing published: the loop waits for micro-batch 0
+        time.sleep(0.5)
+        before = voluntary_switches(release_thread)
+        time.sleep(1.0)
+        assert voluntary_switches(release_thread) - before <= 2, "a 10 ms tick wakes it about 100 times a second"
+
+        loop.loop.call_soon_threadsafe(source.given.set)
+        waiting.join(timeout=60)
+        # Six micro-batches through two ring slots: every slot the loop let go of came back to the sidecar.
+        assert [m.index for m in taken[0]] == list(range(len(LENGTHS)))
+        assert taken[0][0].waited_seconds > 0
+    finally:
+        client.close()
+        loop.run(running.stop(grace=0))
+        loop.close()

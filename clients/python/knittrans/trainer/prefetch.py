@@ -4,7 +4,9 @@ The prefetch thread long-polls the sidecar (``NextMicroBatch``) and stages what 
 training loop, at most ``prefetch`` micro-batches deep; the training loop takes them in order. The release
 thread frees consumed slots, so that an RPC costs the training loop nothing; it frees the ones the loop let go of
 on a tick (``release_interval_seconds``, see :class:`~knittrans.trainer.settings.TrainerSettings`), or at once
-when the loop waits for data. A sidecar that restarts publishes
+when the loop waits for data. While the loop waits for data and nothing is held, the release thread does not
+tick: a trainer waiting for rollouts (often most of an RL step) would otherwise wake it a hundred times a second
+per client for nothing. The loop's next let-go wakes it. A sidecar that restarts publishes
 again what this rank may already have taken: that is released and skipped, by (sequence, micro-batch index).
 
 A new *delivery round* of the sidecar (another TP rank of the consumer restarted mid-mini-batch) withdrew what
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 _END = object()
+_WAKE = ("", 0, 0.0)  # put on the release queue to make an idle release thread tick again; frees nothing
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class Prefetcher:
         self._stop = threading.Event()
         self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
         self._held: deque[tuple[str, int, float]] = deque()  # let go of by the loop; freed on the next tick
+        self._loop_waiting = False  # the loop waits for data, so it lets go of nothing until it has some
+        self._release_idle = False  # the release thread waits without a tick: a let-go must wake it
         self._interrupt = interrupt
         # Fixed for this client's life: a new session of the same TP rank tells the sidecar the rank restarted.
         self.session = uuid.uuid4().hex
@@ -163,13 +168,17 @@ class Prefetcher:
     def _wait_for_item(self) -> tuple[object, float]:
         """The next item, once the prefetch thread queues it; and how long the loop waited for it."""
         started = time.perf_counter()
+        self._loop_waiting = True
         self._free_held()  # a slot held back may be what the sidecar needs to publish the next one
-        while True:
-            try:
-                return self._queue.get(timeout=0.5), time.perf_counter() - started
-            except queue.Empty:
-                if not self._fetcher.is_alive() and self._queue.empty():
-                    raise Unavailable("the prefetch thread stopped", field="sidecar") from None
+        try:
+            while True:
+                try:
+                    return self._queue.get(timeout=0.5), time.perf_counter() - started
+                except queue.Empty:
+                    if not self._fetcher.is_alive() and self._queue.empty():
+                        raise Unavailable("the prefetch thread stopped", field="sidecar") from None
+        finally:
+            self._loop_waiting = False
 
     def take_next_of(self, sequence: int) -> Staged:
         """The next micro-batch of mini-batch ``sequence``; raises MiniBatchRestarted if it was restarted."""
@@ -213,6 +222,8 @@ class Prefetcher:
             return
         staged.released = True
         self._held.append((staged.descriptor.incarnation, staged.descriptor.ticket, staged.waited))
+        if self._release_idle:  # read after the append: see _next_release
+            self._release_queue.put(_WAKE)
 
     # ---- the prefetch thread -----------------------------------------------------------------------------
 
@@ -388,13 +399,27 @@ class Prefetcher:
                 return
 
     def _next_release(self) -> tuple[str, int, float] | None:
-        """The next slot to free: one queued, or on the tick, those held back."""
+        """The next slot to free: one queued, or on the tick, those held back. Without a tick while the loop waits
+        for data with nothing held. The idle flag is set before the held slots are looked at again and read by
+        :meth:`let_go` after its append, so a let-go either is seen here or finds the flag and wakes the thread."""
         interval = self._settings.release_interval_seconds or None
         while True:
+            timeout = interval
+            if interval is not None and self._loop_waiting and not self._held:
+                self._release_idle = True
+                if self._loop_waiting and not self._held:
+                    timeout = None
+                else:
+                    self._release_idle = False
             try:
-                return self._release_queue.get(timeout=interval)
+                item = self._release_queue.get(timeout=timeout)
             except queue.Empty:
                 self._free_held()
+                continue
+            finally:
+                self._release_idle = False
+            if item is not _WAKE:
+                return item
 
     def _release_loop(self) -> None:
         tp_rank = self._settings.tp_rank

@@ -1,0 +1,69 @@
+"""The release thread sleeps without a tick while the training loop waits for data, and a slot let go of
+meanwhile (from another thread: a framework that reports its optimizer step off the loop's thread, say) still
+reaches the sidecar on the next tick. The sidecar is a stand-in for its RPC surface: ``NextMicroBatch`` blocks
+until the client closes, so the loop's take waits for as long as the test likes; ``ReleaseMicroBatch`` records
+the tickets it is sent."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+
+from knittrans.trainer.batches import Staged
+from knittrans.trainer.descriptor import MicroBatchDescriptor
+from knittrans.trainer.prefetch import Prefetcher
+from knittrans.trainer.settings import TrainerSettings, TrainerStats
+
+
+class Closed(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+
+class SidecarWithNothingToPublish:
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+        self.released: list[int] = []
+
+    def NextMicroBatch(self, request, timeout=None):
+        self.closed.wait()
+        raise Closed()
+
+    def ReleaseMicroBatch(self, request, timeout=None):
+        self.released.append(request.ticket)
+
+
+def staged(ticket: int) -> Staged:
+    descriptor = MicroBatchDescriptor(
+        ticket=ticket, incarnation="i", sequence=1, train_batch_index=0, minibatch_index=0, num_minibatches=1,
+        train_version=0, microbatch_index=0, num_microbatches=1, last_in_minibatch=True, minibatch_loss_tokens=1,
+        microbatch_loss_tokens=1, segment="seg", slot=0, used_bytes=0, tensors=(), role="backbone", dp_rank=0,
+        cp_rank=0, cp=1, tp=1)
+    return Staged(descriptor=descriptor, tensors={})
+
+
+def test_a_slot_let_go_of_while_the_loop_waits_is_freed_on_the_next_tick() -> None:
+    sidecar = SidecarWithNothingToPublish()
+    settings = TrainerSettings(sidecar="unix:/nowhere.sock", release_interval_seconds=0.01, poll_seconds=60.0)
+    prefetcher = Prefetcher(settings, sidecar, None, TrainerStats(), interrupt=sidecar.closed.set)
+    loop = threading.Thread(target=lambda: _take_until_closed(prefetcher), daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.5)  # the loop waits for data: the release thread stops ticking at its next tick
+        prefetcher.let_go(staged(7))  # not waited for: held back until the next tick
+        deadline = time.monotonic() + 10
+        while not sidecar.released and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sidecar.released == [7], "the let-go must wake a release thread that stopped ticking"
+    finally:
+        prefetcher.stop()
+        loop.join(timeout=10)
+
+
+def _take_until_closed(prefetcher: Prefetcher) -> None:
+    try:
+        prefetcher.take()
+    except Exception:  # the prefetch thread stopped with the client: the loop's wait ends
+        return
