@@ -477,6 +477,7 @@ def summarise_roles(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "measured_per_passes": {p: sorted(v) for p, v in sorted(moved.items())}, "target": "no growth",
                 "met": len(set().union(*moved.values())) == 1}
     left = [(r["units_left_in_store_after_release"], r["unit_files_left"]) for r in records]
-    targets["store_empty_after_each_arm"] = {"units_and_files_left": sorted(set(left)), "target": "0",
+    # (units, files) per arm; files is None on Mooncake (no unit files), so the pairs are kept in arm order.
+    targets["store_empty_after_each_arm"] = {"units_and_files_left": list(dict.fromkeys(left)), "target": "0",
                                              "met": all(u == 0 and not f for u, f in left)}
     return {"per_arm_medians": per_arm, "targets": targets}
