@@ -404,15 +404,10 @@ class Prefetcher:
         :meth:`let_go` after its append, so a let-go either is seen here or finds the flag and wakes the thread."""
         interval = self._settings.release_interval_seconds or None
         while True:
-            timeout = interval
-            if interval is not None and self._loop_waiting and not self._held:
-                self._release_idle = True
-                if self._loop_waiting and not self._held:
-                    timeout = None
-                else:
-                    self._release_idle = False
+            self._release_idle = interval is not None and self._loop_waiting and not self._held
+            idle = self._release_idle and self._loop_waiting and not self._held  # looked at again after the flag
             try:
-                item = self._release_queue.get(timeout=timeout)
+                item = self._release_queue.get(timeout=None if idle else interval)
             except queue.Empty:
                 self._free_held()
                 continue
