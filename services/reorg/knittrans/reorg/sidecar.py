@@ -14,7 +14,8 @@ the sidecar verifies its part against the store (every unit present, with the si
 metadata query, :mod:`knittrans.reorg.verification`) and reports the outcome to the assignment source: verified,
 or a failure naming the trajectory and the unit. It then waits for the source's verdict on the mini-batch (the
 admission service gives it once every consumer, encoders included, verified it, or as soon as one reported a
-failure). Only the publication of the mini-batch's first micro-batch waits for the verdict: assignments keep
+failure). Only the publication of the mini-batch's first micro-batch waits for the verdict: that micro-batch is
+read and packed into a slot meanwhile (and the slot given back if the verdict fails), and assignments keep
 arriving and being verified while earlier mini-batches are read, published and consumed, and verifying needs
 no trainer to consume anything, so sidecars waiting on each other's verdicts cannot deadlock. On a FAILED
 verdict the sidecar publishes a *failure* instead of any micro-batch of the mini-batch (every TP rank of every
@@ -73,6 +74,24 @@ def new_incarnation() -> str:
 def incarnation_tag(incarnation: str) -> str:
     """A short token of an incarnation for segment names."""
     return hashlib.blake2b(incarnation.encode(), digest_size=4).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Filled:
+    """A micro-batch read and packed into a slot, not yet published."""
+
+    micro: MicroBatchAssignment | EncoderMicroBatchAssignment
+    layout: PackLayout
+    lease: SlotLease
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Unfilled:
+    """A micro-batch that could not be decoded, laid out, read or packed (its slot, if it had one, is free)."""
+
+    micro: MicroBatchAssignment | EncoderMicroBatchAssignment | None
+    layout: PackLayout | None
+    error: Exception
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,16 +270,21 @@ class Sidecar:
         # one empty micro-batch: every consumer's trainers see every mini-batch and report its optimizer step.
         count = max(event.num_units, 1)
         self._delivered(self._tracker.expect(event.sequence, count))
-        loop = asyncio.get_running_loop()
-        # Micro-batch 0 is decoded and laid out while the verdict is decided (its reads wait for the verdict).
-        first = loop.run_in_executor(self._executor, self._plan_unit, event, 0, encoder)
-        first.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved below, or dropped
+        # Micro-batch 0 is decoded, read and packed into a slot while the verdict is decided: only its publication
+        # waits for the verdict, so a mini-batch whose verdict comes last is not read after it.
+        early = asyncio.create_task(self._fill_unit(event, 0, encoder), name=f"early-{self.consumer}-{event.sequence}")
         waiting_since = time.perf_counter()
-        verdict = await judging
+        try:
+            verdict = await judging
+        except BaseException:
+            early.cancel()
+            raise
         self._metrics.verdict_wait_seconds.observe(time.perf_counter() - waiting_since)
-        if self._round != round_:
-            return
-        if verdict.failure is not None:
+        if self._round != round_ or verdict.failure is not None:
+            await self._discard(await early)
+            if self._round != round_:
+                return
+            assert verdict.failure is not None
             admission = event.admission
             logger.error("%s: skipping mini-batch %d (train batch %d, mini-batch %d): trajectory %r, unit %r: %s",
                          self.consumer, event.sequence, admission.train_batch_index, admission.minibatch_index,
@@ -268,38 +292,49 @@ class Sidecar:
             await self._publish_failure(event, 0, count, verdict.failure, round_)
             return
         for position in range(count):
-            # Decoding and layout run on the reader thread too, keeping the event loop free for the trainers.
-            try:
-                micro, layout = await (first if position == 0 else
-                                       loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder))
-            except Exception as error:
-                await self._fail(event, position, count, None, None, error, round_)
-                return
+            filled = await (early if position == 0 else self._fill_unit(event, position, encoder))
+            if position == 0 and isinstance(filled, _Unfilled) and self._round == round_:
+                # Read before the verdict: the verdict, not that read, says whether the data is there.
+                logger.info("%s: mini-batch %d's first micro-batch could not be read before its verdict (%s); the "
+                            "verdict is good, reading it again", self.consumer, event.sequence, filled.error)
+                filled = await self._fill_unit(event, 0, encoder)
             if self._round != round_:
+                await self._discard(filled)
                 return
-            lease = await self.ring.acquire(max(layout.used_bytes, 1))
-            try:
-                if self._round != round_:
-                    await self.ring.abandon(lease)
-                    return
-                outcome, pack_seconds = await loop.run_in_executor(self._executor, self._fill, layout, micro, lease)
-            except Exception as error:
-                await self.ring.abandon(lease)
-                await self._fail(event, position, count, micro, layout, error, round_)
+            if isinstance(filled, _Unfilled):
+                await self._fail(event, position, count, filled.micro, filled.layout, filled.error, round_)
                 return
-            except BaseException:
-                await self.ring.abandon(lease)
-                raise
-            if self._round != round_:
-                await self.ring.abandon(lease)
-                return
-            self._account(outcome, pack_seconds)
-            build = functools.partial(self._describe.descriptor, event=event, micro=micro, position=position,
-                                      count=count, layout=layout, lease=lease, assigned_at=assigned_at,
-                                      delivery_round=round_)
-            await self.ring.publish(lease, build, skip=self._skip.get(event.sequence, frozenset()))
+            build = functools.partial(self._describe.descriptor, event=event, micro=filled.micro, position=position,
+                                      count=count, layout=filled.layout, lease=filled.lease,
+                                      assigned_at=assigned_at, delivery_round=round_)
+            await self.ring.publish(filled.lease, build, skip=self._skip.get(event.sequence, frozenset()))
             self._metrics.published.inc()
             self._metrics.slots_occupied.set(self.ring.occupied)
+
+    async def _fill_unit(self, event: AssignmentEvent, position: int, encoder: bool) -> _Filled | _Unfilled:
+        """Decode and lay out micro-batch ``position`` (decoding and layout run on the reader thread too, keeping
+        the event loop free for the trainers), take a slot for it (waiting while the ring is full), and read and
+        pack it into the slot, unpublished."""
+        loop = asyncio.get_running_loop()
+        try:
+            micro, layout = await loop.run_in_executor(self._executor, self._plan_unit, event, position, encoder)
+        except Exception as error:
+            return _Unfilled(micro=None, layout=None, error=error)
+        lease = await self.ring.acquire(max(layout.used_bytes, 1))
+        try:
+            outcome, pack_seconds = await loop.run_in_executor(self._executor, self._fill, layout, micro, lease)
+        except Exception as error:
+            await self.ring.abandon(lease)
+            return _Unfilled(micro=micro, layout=layout, error=error)
+        except BaseException:
+            await self.ring.abandon(lease)
+            raise
+        self._account(outcome, pack_seconds)  # the bytes were moved, whether or not they are published
+        return _Filled(micro=micro, layout=layout, lease=lease)
+
+    async def _discard(self, filled: _Filled | _Unfilled) -> None:
+        if isinstance(filled, _Filled):
+            await self.ring.abandon(filled.lease)
 
     async def _fail(
         self,
