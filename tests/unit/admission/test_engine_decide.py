@@ -325,6 +325,31 @@ def test_relax_after_waives_the_quotas_for_the_rest_of_the_train_batch() -> None
     assert not state.status().relaxed  # the next train batch starts strict again
 
 
+@pytest.mark.parametrize("policy", [AdmissionPolicy.KNITTRANS, AdmissionPolicy.LINEAR], ids=str)
+@pytest.mark.parametrize("members", [1, 2], ids=["trajectories", "groups-of-2"])
+def test_after_a_relaxed_mini_batch_the_next_one_still_takes_its_size(policy: AdmissionPolicy,
+                                                                       members: int) -> None:
+    # Quotas A 1, B 0, C 1 of 2 units. Only B is ready, and relaxing at once admits it: A and C now lack 2 units
+    # with 1 slot left, more than any candidate can make up. The last mini-batch must still take exactly 1 unit.
+    grouped = {"admission_unit": AdmissionUnit.GROUP, "group_size": members} if members > 1 else {}
+    state = AdmissionState(config(train_batch_size=2, num_minibatches=2, sources={"A": 0.2, "B": 0.0, "C": 0.2},
+                                  policy=policy, on_starvation="relax_after=0", **grouped))
+
+    def report(source: str, at: float) -> None:
+        for member in range(members):
+            state.add(entry(f"{source.lower()}{member}", source, at, sample_id=source))
+
+    report("B", 0.0)
+    first = admits(drain(state, 0.0))
+    assert len(first) == 1 and len(first[0].trajectory_ids) == members and first[0].relaxed
+    report("A", 3.0)
+    report("C", 3.0)
+    second = admits(drain(state, 3.0))
+    assert len(second) == 1 and len(second[0].trajectory_ids) == members and second[0].relaxed
+    assert second[0].completes_train_batch
+    assert state.pool_size == 1  # the unit left out waits for the next train batch
+
+
 def test_fail_raises_starvation_after_the_timeout() -> None:
     state = AdmissionState(config(on_starvation="fail_after=30"))
     for i in range(8):

@@ -33,7 +33,7 @@ from knittrans.admission.engine import (
     Wait,
     decide,
 )
-from knittrans.admission.engine.guard import pick_by_priority
+from knittrans.admission.engine.guard import pick_by_priority, plan_forced_picks
 from knittrans.admission.engine.pool import NO_VERSION, PooledUnit, ReadyPool
 from knittrans.types import AdmissionUnit
 
@@ -428,6 +428,42 @@ def test_block_picks_equal_one_at_a_time(count: int, sources: list[tuple[int, in
     made = pick_by_priority(count, list(caps), list(priority), picks)
     assert picks == one_at_a_time(count, caps, priority)
     assert made == sum(picks)
+
+
+def some_composition_passes(available: list[int], deficit: list[int], remaining_capacity: int, size: int) -> bool:
+    """Brute force over every candidate of ``size`` units the pool can supply: does one leave no more deficit than
+    the capacity left after it?"""
+    ranges = [range(min(a, size) + 1) for a in available]
+    return any(sum(c) == size and sum(max(0, d - x) for d, x in zip(deficit, c, strict=True))
+               <= remaining_capacity - size for c in itertools.product(*ranges))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sources=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=3),
+    size=st.integers(1, 5),
+    spare=st.integers(-4, 6),  # the capacity left beyond the candidate; below 0 only after a relaxed admission
+    with_minimums=st.booleans(),
+    data=st.data(),
+)
+def test_forced_picks_fit_the_candidate_and_report_exactly_when_the_guard_cannot_pass(
+    sources: list[tuple[int, int]], size: int, spare: int, with_minimums: bool, data: st.DataObject
+) -> None:
+    available = [a for a, _ in sources]
+    deficit = [d for _, d in sources]
+    if sum(available) < size:
+        available[0] += size - sum(available)  # decide builds a candidate only once the pool holds one
+    remaining_capacity = size + spare
+    minimums = ([data.draw(st.integers(0, 3)) for _ in sources] if with_minimums else None)
+    picks, shortfall = plan_forced_picks(available=available, deficit=deficit, remaining_capacity=remaining_capacity,
+                                         size=size, minimums=minimums, guard=True)
+    assert sum(picks) <= size
+    assert all(0 <= p <= a for p, a in zip(picks, available, strict=True))
+    if minimums is None:
+        assert (shortfall == 0) == some_composition_passes(available, deficit, remaining_capacity, size)
+    if shortfall == 0:  # the picks and any fill from the rest of the pool pass
+        after = [max(0, d - p) for d, p in zip(deficit, picks, strict=True)]
+        assert sum(after) <= remaining_capacity - size
 
 
 @settings(max_examples=100, deadline=None)

@@ -80,8 +80,10 @@ def plan_forced_picks(
 
     ``minimums`` are per-source counts the policy wants first (``linear`` mirrors the final composition);
     when they do not fit in ``size`` they are trimmed, largest deficit first. With ``guard``, x_min
-    deficit-reducing units follow. Returns the per-source counts and the shortfall: how many more
-    deficit-reducing units the guard would need than the pool holds (0 when it can pass).
+    deficit-reducing units follow, as many as the candidate has room for. Returns the per-source counts (never
+    more than ``size`` in all) and the shortfall: how many more deficit-reducing units the guard would need than
+    the pool holds or the candidate has room for (0 when it can pass). Room runs short only when the deficit
+    already exceeds the remaining capacity, as after a mini-batch admitted with the quotas waived.
     """
     picks = [0] * len(available)
     caps = list(available)
@@ -104,5 +106,5 @@ def plan_forced_picks(
     if needed <= 0:
         return picks, 0
     supply_caps = [min(c, d) for c, d in zip(caps, remaining, strict=True)]
-    made = pick_by_priority(needed, supply_caps, remaining, picks)
+    made = pick_by_priority(min(needed, size - sum(picks)), supply_caps, remaining, picks)
     return picks, needed - made
