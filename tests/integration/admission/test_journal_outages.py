@@ -47,11 +47,11 @@ def write_config(path: Path, redis_url: str, *, train_batch_size: int, num_minib
     return path
 
 
-def journal_admissions(redis_url: str) -> list[journal_pb2.JournalRecord]:
+def journal_admissions(redis_url: str, job: str = JOB) -> list[journal_pb2.JournalRecord]:
     """The admission records of the job's journal, read straight from Redis."""
     client = redis.Redis.from_url(redis_url)
     try:
-        raw = client.lrange(f"knittrans:{JOB}:journal", 0, -1)
+        raw = client.lrange(f"knittrans:{job}:journal", 0, -1)
     finally:
         client.close()
     records = [journal_pb2.JournalRecord.FromString(r) for r in raw]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -348,6 +349,32 @@ def test_after_a_relaxed_mini_batch_the_next_one_still_takes_its_size(policy: Ad
     assert len(second) == 1 and len(second[0].trajectory_ids) == members and second[0].relaxed
     assert second[0].completes_train_batch
     assert state.pool_size == 1  # the unit left out waits for the next train batch
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"trajectory_ids": ("a0", "b0", "a1")}, InvalidArgument),  # one unit more than the mini-batch takes
+        ({"trajectory_ids": ("a0",)}, InvalidArgument),  # one fewer
+        ({"trajectory_ids": ("a0", "nowhere")}, InvalidArgument),  # not in the pool
+        ({"minibatch_index": 1}, FailedPrecondition),  # not the mini-batch the state is at
+    ],
+    ids=["too-many", "too-few", "unknown", "wrong-minibatch"],
+)
+def test_check_admit_refuses_what_apply_refuses_and_changes_nothing(change: dict[str, Any], error: type) -> None:
+    state = AdmissionState(config(train_batch_size=4, num_minibatches=2, source_schedule=None))
+    for name in ("a0", "a1", "b0", "b1"):
+        state.add(entry(name, name[0].upper()))
+    good = decide(state, 1.0, 0)
+    assert isinstance(good, Admit) and len(good.trajectory_ids) == 2
+    state.check_admit(good)  # decide's own admission passes
+    bad = dataclasses.replace(good, **change)
+    before = snapshot(state)
+    with pytest.raises(error):
+        state.check_admit(bad)
+    assert snapshot(state) == before
+    with pytest.raises(error):
+        state.apply(bad)
 
 
 def test_fail_raises_starvation_after_the_timeout() -> None:

@@ -374,13 +374,23 @@ class AdmissionState:
             self._inputs.pool.insert(PooledUnit(key, pending.source, members, self._seq))
             self._seq += 1
 
-    def _apply_admit(self, admit: Admit) -> None:
+    def check_admit(self, admit: Admit) -> None:
+        """Raise what :meth:`apply` would raise for ``admit``, changing nothing: a service checks an admission
+        before it journals it, so that a decision the state refuses never reaches the journal."""
+        self._check_position(admit)
+        self._admitted_units(admit.trajectory_ids, self.targets.sizes[self._inputs.minibatch_index])
+
+    def _check_position(self, admit: Admit) -> None:
         inputs = self._inputs
         if admit.train_batch_index != inputs.train_batch_index or admit.minibatch_index != inputs.minibatch_index:
             raise FailedPrecondition(
                 f"decision for mini-batch {admit.minibatch_index} of train batch {admit.train_batch_index}, "
                 f"but the state is at mini-batch {inputs.minibatch_index} of train batch {inputs.train_batch_index}"
             )
+
+    def _apply_admit(self, admit: Admit) -> None:
+        inputs = self._inputs
+        self._check_position(admit)
         size = self.targets.sizes[inputs.minibatch_index]
         units = self._take_units(admit.trajectory_ids, size)
         for unit in units:
@@ -403,6 +413,17 @@ class AdmissionState:
 
     def _take_units(self, trajectory_ids: tuple[TrajectoryId, ...], size: int) -> list[PooledUnit]:
         """Check, then remove, the units of these trajectories; a source's prefix goes in O(1) per unit."""
+        unit_ids, by_source = self._admitted_units(trajectory_ids, size)
+        pool = self._inputs.pool
+        # Admissions from decide list each source's units in policy order, at its head.
+        if all(pool.is_prefix(source, ids) for source, ids in by_source.items()):
+            return pool.take_prefixes({source: len(ids) for source, ids in by_source.items()})
+        return pool.remove_all(unit_ids)
+
+    def _admitted_units(self, trajectory_ids: tuple[TrajectoryId, ...], size: int
+                        ) -> tuple[list[str], dict[int, list[str]]]:
+        """The pooled units these trajectories make up, all and by source, once checked to be exactly ``size``
+        whole units of the pool."""
         pool_units = self._inputs.pool.units
         unit_ids: list[str] = []
         for trajectory_id in trajectory_ids:
@@ -424,11 +445,7 @@ class AdmissionState:
             by_source.setdefault(unit.source, []).append(unit_id)
         if members != len(trajectory_ids):
             raise InvalidArgument("must list every trajectory of each admitted group once", field="trajectory_ids")
-        pool = self._inputs.pool
-        # Admissions from decide list each source's units in policy order, at its head.
-        if all(pool.is_prefix(source, ids) for source, ids in by_source.items()):
-            return pool.take_prefixes({source: len(ids) for source, ids in by_source.items()})
-        return pool.remove_all(unit_ids)
+        return unit_ids, by_source
 
     def _apply_drop(self, drop: Drop) -> None:
         dropped = set(drop.trajectory_ids)

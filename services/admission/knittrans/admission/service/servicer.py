@@ -252,6 +252,16 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                     logger.error("admission stopped: %s", exc)
                 self._failure = str(exc)
                 return
+            if isinstance(decision, Admit):
+                try:
+                    ledger.engine.check_admit(decision)
+                except KnitTransError as exc:  # journaled, it would fail every restart's replay the same way
+                    failure = (f"the state refuses the engine's admission of mini-batch "
+                               f"{decision.minibatch_index + 1} of train batch {decision.train_batch_index}: {exc}")
+                    if failure != self._failure:
+                        logger.error("admission stopped: %s", failure)
+                    self._failure = failure
+                    return
             self._failure = ""
             record = record_for(decision, now, ledger.last_wait)
             if record is not None:
