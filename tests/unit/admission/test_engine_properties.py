@@ -8,7 +8,10 @@ a naive model recomputes every count and target from DESIGN.md §3 and checks ea
 - every wait is justified: the blocking predicate really fails, and for a feasibility wait no candidate of
   that size passes the guard (searched over all per-source compositions, which is all candidates up to
   the guard's view of them: it depends only on per-source counts);
-- drops are exactly the filtered reports, or exactly the units over the staleness bound.
+- drops are exactly the filtered reports, or exactly the units over the staleness bound;
+- with ``on_starvation: relax_after=0``, a quota or the guard never makes the engine wait: an admission with
+  them waived is justified only where one of them blocks, and the rest of its train batch stays relaxed (every
+  candidate still of the mini-batch's size).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from knittrans.admission.engine import (
     DropReason,
     EngineConfig,
     PoolEntry,
+    StarvationAction,
     Wait,
     decide,
 )
@@ -228,6 +232,8 @@ def check_and_apply(ref: Reference, state: AdmissionState, decision, version: in
         return
     blocking = ref.blocking_predicate()
     guarded = config.policy in GUARDED and not ref.relaxed
+    # With relax_after=0 a quota or the guard never makes the engine wait: it waives them at once.
+    relaxes_at_once = config.starvation.action is StarvationAction.RELAX and config.starvation.after_seconds == 0
     if isinstance(decision, Wait):
         if blocking is None:
             # Every predicate holds: the only justified wait is that no candidate passes the guard.
@@ -235,11 +241,19 @@ def check_and_apply(ref: Reference, state: AdmissionState, decision, version: in
             assert guarded and not ref.some_candidate_passes_the_guard()
         else:
             assert decision.reason is blocking, (decision, blocking)
+        assert not (relaxes_at_once and decision.reason.is_quota), decision
         state.apply(decision)
         return
     assert isinstance(decision, Admit), decision
+    if decision.relaxed and not ref.relaxed:  # justified only by a quota or the guard it waives
+        assert relaxes_at_once, decision
+        assert (blocking is not None and blocking.is_quota) or (
+            blocking is None and guarded and not ref.some_candidate_passes_the_guard()), (blocking, decision)
+        ref.relaxed = True
+        guarded = False
+        blocking = ref.blocking_predicate()
     assert blocking is None, (blocking, decision)
-    assert not decision.relaxed
+    assert decision.relaxed == ref.relaxed
     assert decision.train_batch_index == ref.batch and decision.minibatch_index == ref.minibatch
     assert decision.train_version == ref.train_version
     member_of = {m: u for u in ref.pool.values() for m in u.members}
@@ -251,7 +265,7 @@ def check_and_apply(ref: Reference, state: AdmissionState, decision, version: in
         composition[unit.source] += 1
     if guarded:
         assert ref.guard_passes(composition)
-    if config.policy is AdmissionPolicy.LINEAR:
+    if config.policy is AdmissionPolicy.LINEAR and not decision.relaxed:  # relaxed, the mirror is waived too
         need = [
             max(0, math.ceil(ref.cumulative[ref.minibatch] * q / config.train_batch_size - EPS) - b)
             for q, b in zip(ref.quotas, ref.admitted, strict=True)
@@ -311,6 +325,7 @@ def engine_configs(draw: st.DrawFn, grouped: bool, guard_binding: bool = False) 
         group_size=2 if grouped else None,
         policy=draw(st.sampled_from(list(AdmissionPolicy))),
         max_batches_ahead=draw(st.sampled_from((None, 0, 1))),
+        on_starvation=draw(st.sampled_from(("wait", "wait", "relax_after=0"))),
     )
 
 
