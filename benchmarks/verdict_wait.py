@@ -103,13 +103,20 @@ def run(store_url: str, args: argparse.Namespace) -> dict[str, Any]:
     client = TrainerClient(TrainerSettings(sidecar=running.address, device="cpu", prefetch=1,
                                            report_progress=False))
 
+    failed: list[BaseException] = []
+
     def train() -> None:
-        for index, mini in zip(range(len(planned)), client.mini_batches(), strict=False):
-            for position, _ in enumerate(mini):
-                if position == 0:
-                    held_at[mini.sequence] = time.perf_counter()
-            mini.complete()
-            finished[index].set()
+        try:
+            for index, mini in zip(range(len(planned)), client.mini_batches(), strict=False):
+                for position, _ in enumerate(mini):
+                    if position == 0:
+                        held_at[mini.sequence] = time.perf_counter()
+                mini.complete()
+                finished[index].set()
+        except BaseException as error:  # raised by the driver, which would otherwise wait on the events
+            failed.append(error)
+            for event in finished:
+                event.set()
 
     trainer = threading.Thread(target=train, daemon=True)
     trainer.start()
@@ -122,6 +129,10 @@ def run(store_url: str, args: argparse.Namespace) -> dict[str, Any]:
             loop.call_soon_threadsafe(source.cue(sequence).set)
             print(f"mini-batch {sequence}/{len(planned)}", file=sys.stderr)
         trainer.join(timeout=120)
+        if failed:
+            raise RuntimeError("the trainer rank failed") from failed[0]
+        if trainer.is_alive():
+            raise RuntimeError("the trainer rank did not finish its mini-batches within 120 s")
         waits = [held_at[s] - source.given_at[s] for s in sorted(held_at)]
         counters = running.sidecar.counters
         return {
