@@ -3,7 +3,6 @@
 import time
 
 import numpy as np
-import pytest
 
 from knittrans.store.ray_store import RayUnitStore
 from knittrans.types import UnitKey
@@ -57,8 +56,16 @@ def test_units_outlive_the_writer_and_its_own_objects_do_not(ray_store, prefix):
     assert ray.get(writer.write_through_store.remote(TEST_REGISTRY, TEST_NAMESPACE, key))
     [writer_owned] = ray.get(writer.put_own_object.remote())
     ray.kill(writer, no_restart=True)
-    with pytest.raises(ray.exceptions.RayActorError):  # returns once the writer process is gone
-        ray.get(writer.put_own_object.remote(), timeout=30)
+    # The kill is asynchronous: a call sent just after it can still run. The first call that fails shows the
+    # writer process gone.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ray.get(writer.put_own_object.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            break
+        assert time.monotonic() < deadline, "the writer still answers 30 s after ray.kill"
+        time.sleep(0.1)
 
     # the alternative we did not choose: an object put by the writer itself dies with the writer
     assert wait_until_lost(writer_owned)
