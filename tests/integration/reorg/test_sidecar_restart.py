@@ -24,7 +24,9 @@ import numpy as np
 import pytest
 
 from knittrans.client.admission import AdmissionClient
+from knittrans.reorg.settings import ReorgSettings
 from knittrans.rollout import RolloutClient
+from knittrans.shm import owner_lease_path, remove_segments
 from knittrans.store.factory import open_store
 from knittrans.types import VersionSegment
 
@@ -109,6 +111,10 @@ def test_a_sidecar_killed_mid_minibatch_leaves_no_partial_step(tmp_path: Path, s
     finally:
         for process in reversed(processes):
             process.stop()
+        if not restart:  # no successor cleans up after the killed sidecar: its segments and lease are the test's
+            owner = ReorgSettings(job=job, store=store_url)
+            remove_segments(owner.segment_prefix)
+            owner_lease_path(job, owner.owner_name).unlink(missing_ok=True)
 
     steps = result["minibatches"]
     if "error" in result:  # the other defined outcome: a typed error within the deadline, never a partial step
