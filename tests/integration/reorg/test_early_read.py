@@ -7,7 +7,6 @@ the sidecar's own byte counters (what the store moved)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -20,7 +19,7 @@ import pytest
 
 from knittrans.admission.planning import plan_minibatch
 from knittrans.errors import MiniBatchFailed, UnitNotFound
-from knittrans.reorg.assignments import Admission, PlannedAssignmentSource, Verdict
+from knittrans.reorg.assignments import Admission, Verdict
 from knittrans.reorg.endpoint import RunningReorg, start_reorg
 from knittrans.reorg.settings import ReorgSettings, RingSettings
 from knittrans.rollout import RolloutClient
@@ -32,6 +31,7 @@ from knittrans.trainer.descriptor import MiniBatchFailure
 from knittrans.types import BackboneTopology, ConsumerId, Topology, VersionSegment
 from tests.loop_thread import LoopThread
 
+from . import test_release_tick
 from .single_sidecar_job import wait_for
 
 TOPOLOGY = Topology(backbone=BackboneTopology(dp=1, cp=1, tp=1, max_tokens_per_microbatch=100))
@@ -40,19 +40,14 @@ SEED = 23
 INT32 = 4
 
 
-class VerdictOnRequest(PlannedAssignmentSource):
-    """Gives the verdict (``failure``, or OK) only once the test sets ``given``."""
+class VerdictOnRequest(test_release_tick.VerdictOnRequest):
+    """Gives the verdict only once the test sets ``given``: ``failure`` if the test set one, else the source's."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.given = asyncio.Event()
-        self.failure: MiniBatchFailure | None = None
+    failure: MiniBatchFailure | None = None
 
     async def wait_verdict(self, sequence: int) -> Verdict:
-        await self.given.wait()
-        if self.failure is not None:
-            return Verdict(failure=self.failure)
-        return await super().wait_verdict(sequence)
+        verdict = await super().wait_verdict(sequence)
+        return verdict if self.failure is None else Verdict(failure=self.failure)
 
 
 class FirstReadMisses(FileUnitStore):
