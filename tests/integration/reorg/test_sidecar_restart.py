@@ -13,6 +13,7 @@ or, if it could not, it stopped with a typed error within its deadline, never a 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sys
 import time
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 from knittrans.client.admission import AdmissionClient
+from knittrans.job import job_run_directory
 from knittrans.reorg.settings import ReorgSettings
 from knittrans.rollout import RolloutClient
 from knittrans.shm import owner_lease_path, remove_segments
@@ -111,10 +113,11 @@ def test_a_sidecar_killed_mid_minibatch_leaves_no_partial_step(tmp_path: Path, s
     finally:
         for process in reversed(processes):
             process.stop()
-        if not restart:  # no successor cleans up after the killed sidecar: its segments and lease are the test's
+        if not restart:  # no successor cleans up after the killed sidecar: segments, lease and socket are the test's
             owner = ReorgSettings(job=job, store=store_url)
             remove_segments(owner.segment_prefix)
             owner_lease_path(job, owner.owner_name).unlink(missing_ok=True)
+            shutil.rmtree(job_run_directory(job), ignore_errors=True)
 
     steps = result["minibatches"]
     if "error" in result:  # the other defined outcome: a typed error within the deadline, never a partial step
