@@ -27,3 +27,16 @@ def test_a_niceness_already_higher_is_kept(monkeypatch) -> None:
     monkeypatch.setattr(os, "setpriority", lambda *args: calls.append(args))
     cli.lower_cpu_priority(10)
     assert calls == []
+
+
+@pytest.mark.parametrize(("leads_session", "before", "after"), [(True, 0, "10"), (True, 15, "/autogroup-7 nice 15"),
+                                                                 (False, 0, "/autogroup-7 nice 0")])
+def test_only_a_session_leader_makes_its_session_group_nicer(monkeypatch, tmp_path, leads_session: bool,
+                                                             before: int, after: str) -> None:
+    """A sidecar in the trainer's session would lower the trainer's priority with its own: it leaves the group."""
+    group = tmp_path / "autogroup"
+    group.write_text(f"/autogroup-7 nice {before}\n")
+    monkeypatch.setattr(cli, "AUTOGROUP", group)
+    monkeypatch.setattr(os, "getsid", lambda _: os.getpid() if leads_session else os.getpid() + 1)
+    cli.lower_session_priority(10)
+    assert group.read_text().strip() == after

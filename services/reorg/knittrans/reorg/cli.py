@@ -22,6 +22,7 @@ from knittrans.store.factory import open_store
 logger = logging.getLogger(__name__)
 
 TASKS = "/proc/self/task"  # one entry per thread of this process (Linux)
+AUTOGROUP = Path("/proc/self/autogroup")  # this session's scheduling group, where the kernel has autogroups
 
 
 def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -84,6 +85,25 @@ def lower_cpu_priority(nice: int) -> None:
                            os.getpriority(os.PRIO_PROCESS, 0))
             return
     logger.debug("CPU niceness %d for %d threads", nice, len(threads))
+    lower_session_priority(nice)
+
+
+def lower_session_priority(nice: int) -> None:
+    """Make this process's session group at least ``nice`` nice, if the process leads its session.
+
+    With the kernel's autogroups on (``kernel.sched_autogroup_enabled``, the default of many distributions), the
+    scheduler shares the CPU between sessions first and only then between a session's threads by their niceness:
+    a sidecar started in a session of its own (``knittrans up`` starts every process so) competed with the
+    trainer's session at full weight, whatever its threads' niceness. Only a session leader sets it: a sidecar
+    in the trainer's session must not lower the trainer's priority with its own."""
+    if os.getsid(0) != os.getpid() or not AUTOGROUP.exists():
+        return
+    try:
+        current = int(AUTOGROUP.read_text().split()[-1])  # "/autogroup-<id> nice <n>"
+        if nice > current:
+            AUTOGROUP.write_text(str(nice))
+    except (OSError, ValueError, IndexError) as error:
+        logger.warning("cannot set the CPU niceness of this session's scheduling group to %d (%s)", nice, error)
 
 
 async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Path | None = None) -> int:

@@ -109,6 +109,7 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
         job=settings.job,
         delete_keys=partial(delete_and_wait, store) if store is not None else None,
         delete_batch_size=settings.delete_batch_size,
+        delete_delay_seconds=settings.delete_delay_seconds,
         mutation_wait_seconds=settings.mutation_wait_seconds,
         snapshot_every=settings.snapshot_every_records,
         unreported_unit_ttl_seconds=settings.unreported_unit_ttl_seconds,
