@@ -5,6 +5,7 @@ sidecar (see tests/deploy/conftest.py and live_services.py)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -138,7 +139,13 @@ def test_the_traffic_shows_in_the_admission_metrics(live_stack: LiveStack, expos
     assert admission.value("knittrans_admission_staleness_bound_versions") == 1
     assert admission.value("knittrans_rpc_errors_total", method="ReportTrajectories", code="INVALID_ARGUMENT") == 1
     assert traffic.released_minibatches == 1
-    assert admission.value("knittrans_admission_released_units_total") > 0
+    # A released mini-batch's units are deleted a moment after the release (delete_delay_seconds): scrape again.
+    deadline = time.monotonic() + 30
+    deleted = admission.value("knittrans_admission_released_units_total")
+    while deleted == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        deleted = Exposition.parse(live_stack.admission_metrics()).value("knittrans_admission_released_units_total")
+    assert deleted > 0
 
 
 def test_staleness_buckets_are_the_integer_bounds(expositions: dict[str, Exposition]) -> None:
