@@ -4,12 +4,6 @@ The deleter owns the queue of released keys and what reservations and cancellati
 deletion is under way (a reservation of one of them waits until it ended, so the write that follows the
 reservation finds the unit absent and stores it again), and a condition notified whenever deleted units were
 journaled (a cancellation answers once the units nobody references any more are gone).
-
-A batch is deleted ``delay_seconds`` after its first key was released, not at once. A mini-batch's units are
-released when its last consumer reports its optimizer step, which is the moment every trainer rank takes the next
-mini-batch's first micro-batches; where the store's memory is on the trainers' node (the file store on /dev/shm),
-freeing it is kernel work the size of the mini-batch (about 24 ms of one core for 181 MB), and at that moment it
-took the CPU from the ranks (benchmarks/transfer.py, steady state).
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ class UnitDeleter:
         *,
         delete_keys: Callable[[list[str]], None] | None,
         batch_size: int,
-        delay_seconds: float = 0.0,
         pending: Callable[[], Collection[str]],
         lock: asyncio.Lock,
         commit: Callable[[journal_pb2.JournalRecord], Awaitable[object]],
@@ -41,7 +34,6 @@ class UnitDeleter:
     ) -> None:
         self._delete_keys = delete_keys
         self._batch_size = batch_size
-        self._delay_seconds = delay_seconds
         self._pending = pending
         self._lock = lock
         self._commit = commit
@@ -67,8 +59,6 @@ class UnitDeleter:
         revived it) is no longer pending and is skipped."""
         while True:
             queued = [await self._queue.get()]
-            if self._delay_seconds:
-                await asyncio.sleep(self._delay_seconds)  # keys released meanwhile join the batch
             while len(queued) < self._batch_size and not self._queue.empty():
                 queued.append(self._queue.get_nowait())
             async with self._lock:

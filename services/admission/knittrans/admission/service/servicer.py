@@ -79,7 +79,6 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         job: str,
         delete_keys: Callable[[list[str]], None] | None = None,
         delete_batch_size: int = 1024,
-        delete_delay_seconds: float = 0.0,
         mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
         unreported_unit_ttl_seconds: float = reservation_gc.DEFAULT_UNREPORTED_UNIT_TTL,
         clock: Callable[[], float] = time.time,
@@ -98,7 +97,6 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         self._published = asyncio.Condition()
         self._verdicts = asyncio.Condition()  # notified when a mini-batch's verdict is decided
         self._deleter = UnitDeleter(delete_keys=delete_keys, batch_size=delete_batch_size,
-                                    delay_seconds=delete_delay_seconds,
                                     pending=lambda: ledger.pending_deletes, lock=self._lock, commit=self._commit,
                                     clock=clock, on_deleted=metrics.released_units.inc)
         self._background: list[asyncio.Task] = []

@@ -41,9 +41,6 @@ class AdmissionServiceSettings:
     initial_version: int = 0
     max_report_batch: int = 10_000
     delete_batch_size: int = 1024
-    # Released units are deleted this long after their release, off the moment the trainers take the next
-    # mini-batch (see knittrans.admission.service.deleter); 0: at once.
-    delete_delay_seconds: float = 0.1
     redis_timeout_seconds: float = 10.0
     mutation_wait_seconds: float = 10.0
     lease_ttl_seconds: float = 20.0
@@ -61,8 +58,6 @@ class AdmissionServiceSettings:
             raise InvalidArgument("must be in [1, 100000]", field="max_report_batch")
         if self.delete_batch_size < 1:
             raise InvalidArgument("must be positive", field="delete_batch_size")
-        if not 0 <= self.delete_delay_seconds <= 60:
-            raise InvalidArgument("must be in [0, 60] seconds", field="delete_delay_seconds")
         for name in ("redis_timeout_seconds", "mutation_wait_seconds", "lease_ttl_seconds"):
             if not 0 < getattr(self, name) <= 3600:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)

@@ -1,4 +1,5 @@
-"""``lower_cpu_priority`` where the system forbids it: the sidecar serves on at the priority it has, saying so."""
+"""``lower_cpu_priority`` where the system forbids it: the process goes on at the priority it has, saying so; and
+only a session leader lowers its session's group."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from knittrans.reorg import cli
+from knittrans.serving import priority
 
 
 def test_a_refused_niceness_is_logged_and_the_sidecar_goes_on(monkeypatch, caplog) -> None:
@@ -15,17 +16,17 @@ def test_a_refused_niceness_is_logged_and_the_sidecar_goes_on(monkeypatch, caplo
         raise PermissionError("operation not permitted")
 
     monkeypatch.setattr(os, "setpriority", refuse)
-    with caplog.at_level(logging.WARNING, logger=cli.__name__):
-        cli.lower_cpu_priority(19)
+    with caplog.at_level(logging.WARNING, logger=priority.__name__):
+        priority.lower_cpu_priority(19)
     assert "cannot set CPU niceness 19" in caplog.text
 
 
-@pytest.mark.skipif(not os.path.isdir(cli.TASKS), reason="needs /proc/self/task (Linux)")
+@pytest.mark.skipif(not os.path.isdir(priority.TASKS), reason="needs /proc/self/task (Linux)")
 def test_a_niceness_already_higher_is_kept(monkeypatch) -> None:
     calls: list[tuple[int, int, int]] = []
     monkeypatch.setattr(os, "getpriority", lambda *_: 15)
     monkeypatch.setattr(os, "setpriority", lambda *args: calls.append(args))
-    cli.lower_cpu_priority(10)
+    priority.lower_cpu_priority(10)
     assert calls == []
 
 
@@ -36,7 +37,7 @@ def test_only_a_session_leader_makes_its_session_group_nicer(monkeypatch, tmp_pa
     """A sidecar in the trainer's session would lower the trainer's priority with its own: it leaves the group."""
     group = tmp_path / "autogroup"
     group.write_text(f"/autogroup-7 nice {before}\n")
-    monkeypatch.setattr(cli, "AUTOGROUP", group)
+    monkeypatch.setattr(priority, "AUTOGROUP", group)
     monkeypatch.setattr(os, "getsid", lambda _: os.getpid() if leads_session else os.getpid() + 1)
-    cli.lower_session_priority(10)
+    priority.lower_session_priority(10)
     assert group.read_text().strip() == after
