@@ -10,7 +10,6 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry
 
-from knittrans.admission.service.background_deletes import HelperDeletes
 from knittrans.admission.service.job_lease import HeldJob, claim_job
 from knittrans.admission.service.journal import Journal, open_journal
 from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
@@ -38,7 +37,6 @@ class AdmissionService:
     journal: Journal
     store: UnitStore | None
     held_job: HeldJob
-    helper_deletes: HelperDeletes | None = None
 
     @property
     def address(self) -> str:
@@ -48,8 +46,6 @@ class AdmissionService:
         await self.servicer.close()
         await self.server.stop(self.settings.server.grace_seconds if grace is None else grace)
         await self.journal.close()
-        if self.helper_deletes is not None:
-            await asyncio.to_thread(self.helper_deletes.close)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         await self.held_job.release()
@@ -106,32 +102,24 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
         metrics.staleness_bound.set(settings.engine.staleness_bound)
     journal = open_journal(settings.state, job=settings.job, timeout_seconds=settings.redis_timeout_seconds)
     store = open_store(settings.store, job=settings.job) if settings.store else None
-    # Deleting from the file store frees /dev/shm pages on this node: a helper at the lowest priority does it.
-    helper = HelperDeletes(settings.store, settings.job) if store is not None and store.backend == "file" else None
-    try:
-        servicer = AdmissionServicer(
-            ledger=ledger,
-            journal=journal,
-            metrics=metrics,
-            job=settings.job,
-            delete_keys=(helper.delete if helper is not None
-                         else partial(delete_and_wait, store) if store is not None else None),
-            delete_batch_size=settings.delete_batch_size,
-            mutation_wait_seconds=settings.mutation_wait_seconds,
-            snapshot_every=settings.snapshot_every_records,
-            unreported_unit_ttl_seconds=settings.unreported_unit_ttl_seconds,
-        )
-        await servicer.recover()
+    servicer = AdmissionServicer(
+        ledger=ledger,
+        journal=journal,
+        metrics=metrics,
+        job=settings.job,
+        delete_keys=partial(delete_and_wait, store) if store is not None else None,
+        delete_batch_size=settings.delete_batch_size,
+        mutation_wait_seconds=settings.mutation_wait_seconds,
+        snapshot_every=settings.snapshot_every_records,
+        unreported_unit_ttl_seconds=settings.unreported_unit_ttl_seconds,
+    )
+    await servicer.recover()
 
-        def add_services(server) -> list[str]:
-            admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(servicer, server)
-            return [SERVICE_NAME]
+    def add_services(server) -> list[str]:
+        admission_service_pb2_grpc.add_AdmissionServiceServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
 
-        server = await start_server(settings.server, add_services=add_services, registry=registry)
-    except BaseException:
-        if helper is not None:
-            helper.close()
-        raise
+    server = await start_server(settings.server, add_services=add_services, registry=registry)
     servicer.start_background()
     return AdmissionService(settings=settings, servicer=servicer, server=server, journal=journal, store=store,
-                            held_job=held_job, helper_deletes=helper)
+                            held_job=held_job)
