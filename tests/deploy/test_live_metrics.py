@@ -139,7 +139,7 @@ def test_the_traffic_shows_in_the_admission_metrics(live_stack: LiveStack, expos
     assert admission.value("knittrans_admission_staleness_bound_versions") == 1
     assert admission.value("knittrans_rpc_errors_total", method="ReportTrajectories", code="INVALID_ARGUMENT") == 1
     assert traffic.released_minibatches == 1
-    # A released mini-batch's units are deleted a moment after the release (delete_delay_seconds): scrape again.
+    # The service deletes a released mini-batch's units in the background, after the release: scrape again.
     deadline = time.monotonic() + 30
     deleted = admission.value("knittrans_admission_released_units_total")
     while deleted == 0 and time.monotonic() < deadline:
