@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -15,12 +16,12 @@ from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
 from knittrans.reorg.endpoint import serve_until_stopped, start_reorg
 from knittrans.reorg.node_host import serve_node
 from knittrans.reorg.settings import ReorgSettings
-from knittrans.serving.priority import lower_cpu_priority
 from knittrans.serving.server import run_until_signalled, write_ready_file
 from knittrans.store.factory import open_store
 
 logger = logging.getLogger(__name__)
 
+TASKS = "/proc/self/task"  # one entry per thread of this process (Linux)
 
 
 def register(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -65,6 +66,24 @@ def _run(args: argparse.Namespace) -> int:
     settings = load_config(ReorgSettings, path=args.config or config_path_from_env(), flags=flags)
     lower_cpu_priority(settings.cpu_nice)  # before serving: the threads started then inherit it
     return run_until_signalled(lambda stop: serve(settings, stop, ready_file=args.ready_file))
+
+
+def lower_cpu_priority(nice: int) -> None:
+    """Make every thread of this process at least ``nice`` nice. Linux keeps niceness per thread: each thread
+    already running (the runtime's, the import's) is set, and those started later inherit it from their creator.
+    Raising niceness needs no privilege; lowering it does, so a thread that started nicer keeps its own."""
+    threads = [int(t) for t in os.listdir(TASKS)] if os.path.isdir(TASKS) else [0]
+    for thread in threads:
+        try:
+            if nice > os.getpriority(os.PRIO_PROCESS, thread):
+                os.setpriority(os.PRIO_PROCESS, thread, nice)
+        except ProcessLookupError:  # it ended meanwhile
+            continue
+        except PermissionError as error:  # a sandbox that forbids it: serve all the same, at the priority we have
+            logger.warning("cannot set CPU niceness %d (%s); serving at niceness %d", nice, error,
+                           os.getpriority(os.PRIO_PROCESS, 0))
+            return
+    logger.debug("CPU niceness %d for %d threads", nice, len(threads))
 
 
 async def serve(settings: ReorgSettings, stop: asyncio.Event, *, ready_file: Path | None = None) -> int:

@@ -29,13 +29,13 @@ from knittrans.client.connection import ClientTlsSettings, ConnectionSettings
 from knittrans.errors import InvalidArgument
 from knittrans.job import check_job, job_run_directory
 from knittrans.reorg.packing import PackSettings
-from knittrans.serving.priority import MAX_NICE
 from knittrans.serving.settings import ServerSettings
 from knittrans.shm import segment_prefix
 from knittrans.types import ConsumerId
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+MAX_NICE = 19
 
 
 @dataclass(frozen=True, kw_only=True)
