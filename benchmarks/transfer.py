@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import statistics
 import sys
 from collections.abc import Sequence
@@ -146,6 +147,9 @@ def summarise(runs: Sequence[dict[str, Any]], stores: Sequence[str]) -> dict[str
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    # A SIGTERM (a time-out, a kill) ends the run through the clean-up below: the services and sidecars run in
+    # sessions of their own and would outlive an abrupt exit, with the file store's units in /dev/shm.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_arguments(parser)
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of every arm (default 1)")

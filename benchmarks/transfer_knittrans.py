@@ -317,6 +317,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
     reported: dict[int, float] = {}
     waiting: dict[int, list[dict[str, Any]]] = {}
     before: dict[Consumer, Any] = {}
+    ended = False  # else the groups may wait on barriers or queues forever: stop them at once
     try:
         sync.ready.wait(timeout=300)  # nothing of a step is timed before the ranks are up
         with AdmissionClient(cluster.address) as admission:
@@ -372,10 +373,11 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                 if step >= warmup_steps:
                     measured.append((measurement, extra))
         moved, needed, read_calls = _moved(cluster, before)
+        ended = True
     finally:
         store.close()
         for process in processes:
-            process.join(timeout=30)
+            process.join(timeout=30 if ended else 0)
             if process.is_alive():
                 process.kill()
     per_step = [dataclasses.replace(m, bytes_moved_from_storage=moved // len(measured)) for m, _ in measured]

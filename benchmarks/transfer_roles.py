@@ -324,6 +324,7 @@ def run_roles_arm(cluster: Cluster, workload: Workload, reference: ReferenceTopo
         process.start()
     reports: list[dict[str, Any]] = []
     waiting: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    ended = False  # else the ranks may wait on barriers or queues forever: stop them at once
     try:
         ready.wait(timeout=300)
         with AdmissionClient(cluster.address) as admission:
@@ -393,10 +394,11 @@ def run_roles_arm(cluster: Cluster, workload: Workload, reference: ReferenceTopo
                     "reference_attached_s_cold": per_step[0]["reference_attached_s"],
                     "units_left_in_store_after_release": units_left, "unit_files_left": files_left,
                     "steps": per_step})
+        ended = True
     finally:
         store.close()
         for process in processes:
-            process.join(timeout=30)
+            process.join(timeout=30 if ended else 0)
             if process.is_alive():
                 process.kill()
     return reports

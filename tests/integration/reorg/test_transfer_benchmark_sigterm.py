@@ -1,0 +1,86 @@
+"""A SIGTERM to ``benchmarks/transfer.py`` in the middle of a run ends it through its clean-up: the admission
+service and the sidecars it started (each in a session of its own, so nothing else stops them) are stopped, and
+its file store leaves /dev/shm. Before, they ran on as orphans, with the store's units in /dev/shm.
+
+The oracle is /proc and /dev/shm: the benchmark's child processes, found while it runs, and its store's
+directory, read from the admission service's config."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from knittrans.shm import remove_segments
+from tests.doc_blocks import ROOT
+
+
+def children(pid: int) -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found[int(entry.name)] = command
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store(tmp_path: Path) -> None:
+    log = tmp_path / "benchmark.log"
+    with open(log, "wb") as output:
+        benchmark = subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--smoke", "--skip-transferqueue", "--store",
+             "file", "--no-roles-arm", "--steps", "30"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=output)
+    cluster: dict[int, str] = {}
+    config: dict = {}
+    try:
+        deadline = time.monotonic() + 180
+        while "step 1 (cold)" not in log.read_text():  # its cluster is up and running a measured step
+            assert benchmark.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        cluster = {pid: command for pid, command in children(benchmark.pid).items()
+                   if "admission serve" in command or "reorg serve" in command}
+        assert sum("reorg serve" in command for command in cluster.values()) >= 2
+        admission = next(command for command in cluster.values() if "admission serve" in command)
+        config = yaml.safe_load(Path(admission.split("--config ")[1].split()[0]).read_text())
+        store = Path(config["store"].removeprefix("file://"))
+        assert store.is_dir()
+
+        benchmark.send_signal(signal.SIGTERM)
+        assert benchmark.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        deadline = time.monotonic() + 30
+        while any(running(pid) for pid in cluster) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [command for pid, command in cluster.items() if running(pid)]
+        assert not store.exists()
+    finally:
+        if benchmark.poll() is None:
+            benchmark.kill()
+            benchmark.wait()
+        for pid in cluster:  # what a failed clean-up left
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if config:
+            shutil.rmtree(config["store"].removeprefix("file://"), ignore_errors=True)
+            remove_segments(f"knittrans-{config['job']}@")
