@@ -24,3 +24,16 @@ def live_processes() -> dict[int, str]:
 def running_with(marker: str) -> list[str]:
     """Command lines of live processes (other than this one) that mention ``marker``."""
     return [command for command in live_processes().values() if marker in command]
+
+
+def children_of(parent: int) -> dict[int, str]:
+    """pid -> command line of every live process whose parent is ``parent``."""
+    found = {}
+    for pid, command in live_processes().items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:  # the field after the state
+            found[pid] = command
+    return found

@@ -19,29 +19,7 @@ import yaml
 
 from knittrans.shm import remove_segments
 from tests.doc_blocks import ROOT
-
-
-def children(pid: int) -> dict[int, str]:
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            found[int(entry.name)] = command
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+from tests.live_processes import children_of, live_processes
 
 
 def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store(tmp_path: Path) -> None:
@@ -59,7 +37,7 @@ def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store
             assert benchmark.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        cluster = {pid: command for pid, command in children(benchmark.pid).items()
+        cluster = {pid: command for pid, command in children_of(benchmark.pid).items()
                    if "admission serve" in command or "reorg serve" in command}
         assert sum("reorg serve" in command for command in cluster.values()) >= 2
         admission = next(command for command in cluster.values() if "admission serve" in command)
@@ -70,17 +48,16 @@ def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store
         benchmark.send_signal(signal.SIGTERM)
         assert benchmark.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
         deadline = time.monotonic() + 30
-        while any(running(pid) for pid in cluster) and time.monotonic() < deadline:
+        while set(cluster) & set(live_processes()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [command for pid, command in cluster.items() if running(pid)]
+        assert not [cluster[pid] for pid in set(cluster) & set(live_processes())]
         assert not store.exists()
     finally:
         if benchmark.poll() is None:
             benchmark.kill()
             benchmark.wait()
-        for pid in cluster:  # what a failed clean-up left
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
+        for pid in set(cluster) & set(live_processes()):  # what a failed clean-up left
+            os.kill(pid, signal.SIGKILL)
         if config:
             shutil.rmtree(config["store"].removeprefix("file://"), ignore_errors=True)
             remove_segments(f"knittrans-{config['job']}@")

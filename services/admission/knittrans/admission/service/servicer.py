@@ -238,6 +238,12 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             len(minibatch.trajectory_ids), minibatch.sequence,
         )
 
+    def _stop_admission(self, failure: str) -> None:
+        """Admission stops here until a change lets the engine decide otherwise; said once per distinct failure."""
+        if failure != self._failure:
+            logger.error("admission stopped: %s", failure)
+        self._failure = failure
+
     async def _admit_until_wait(self) -> None:
         """Carry out the engine's decisions until it waits, each journaled before it applies; must hold the lock."""
         ledger = self._ledger
@@ -248,19 +254,15 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             try:
                 decision = decisions.send(moved)  # on the first step, the same as next()
             except KnitTransError as exc:  # e.g. on_starvation: fail; reports stay acknowledged
-                if str(exc) != self._failure:
-                    logger.error("admission stopped: %s", exc)
-                self._failure = str(exc)
+                self._stop_admission(str(exc))
                 return
             if isinstance(decision, Admit):
                 try:
                     ledger.engine.check_admit(decision)
                 except KnitTransError as exc:  # journaled, it would fail every restart's replay the same way
-                    failure = (f"the state refuses the engine's admission of mini-batch "
-                               f"{decision.minibatch_index + 1} of train batch {decision.train_batch_index}: {exc}")
-                    if failure != self._failure:
-                        logger.error("admission stopped: %s", failure)
-                    self._failure = failure
+                    self._stop_admission(f"the state refuses the engine's admission of mini-batch "
+                                         f"{decision.minibatch_index + 1} of train batch "
+                                         f"{decision.train_batch_index}: {exc}")
                     return
             self._failure = ""
             record = record_for(decision, now, ledger.last_wait)
