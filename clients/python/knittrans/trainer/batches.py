@@ -394,7 +394,7 @@ class MiniBatch:
 
     def _take_next(self) -> Staged:
         try:
-            return self._feed.take_next_of(self.sequence)
+            return self._feed.take_next_of(self._first.descriptor.sequence)
         except MiniBatchRestarted as error:
             error.train_batch_index, error.minibatch_index = self.train_batch_index, self.minibatch_index
             self.restarted = True

@@ -191,7 +191,6 @@ class TrainerClient:
                         rest.append(last)
                 except MiniBatchRestarted:  # nothing of it was yielded: take it again from its start
                     continue
-                self.stats.waits.append(first.waited)
             mini = MiniBatch(feed, first, rest, passes=passes)
             yield mini
             mini.drain()

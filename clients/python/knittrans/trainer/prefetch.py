@@ -94,9 +94,16 @@ class Prefetcher:
         self._stager = stager
         self._stats = stats
         self._eager = settings.mode is DeliveryMode.EAGER
-        self._queue: queue.Queue[Staged | BaseException | object] = queue.Queue(
-            maxsize=0 if self._eager else settings.prefetch
-        )
+        # Staged micro-batches (and markers, errors) in order, and, in iter mode, one token per place left in the
+        # prefetch depth: the prefetch thread takes a token before it queues an item, the loop gives one back as
+        # it takes an item. Both are C-level queues: taking a micro-batch runs no Python lock or condition code,
+        # which costs the training loop most at a micro-batch boundary, where its caches are cold.
+        self._queue: queue.SimpleQueue[Staged | BaseException | object] = queue.SimpleQueue()
+        self._room: queue.SimpleQueue[None] | None = None
+        if not self._eager:
+            self._room = queue.SimpleQueue()
+            for _ in range(settings.prefetch):
+                self._room.put(None)
         self._stop = threading.Event()
         self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
         self._held: deque[tuple[str, int, float]] = deque()  # let go of by the loop; freed on the next tick
@@ -150,19 +157,19 @@ class Prefetcher:
             waited = 0.0  # it was staged: taking it is not waiting for data (even if the GIL then makes us wait)
         except queue.Empty:
             item, waited = self._wait_for_item()
+        if self._room is not None:
+            self._room.put(None)
+        if type(item) is Staged:
+            item.waited = waited
+            stats = self._stats
+            stats.micro_batches += 1
+            stats.waited_seconds += waited
+            return item
         if item is _END:
             return None
         if isinstance(item, BaseException):
             raise item
-        if isinstance(item, RoundRestart):
-            return item
-        assert isinstance(item, Staged)
-        item.waited = waited
-        stats = self._stats
-        stats.micro_batches += 1
-        stats.waited_seconds += waited
-        if not self._eager:
-            stats.waits.append(waited)
+        assert isinstance(item, RoundRestart)
         return item
 
     def _wait_for_item(self) -> tuple[object, float]:
@@ -229,12 +236,20 @@ class Prefetcher:
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
+            if self._reserve_room():
+                self._queue.put(item)
                 return True
-            except queue.Full:
-                continue
         return False
+
+    def _reserve_room(self) -> bool:
+        """Take a place in the prefetch depth, waiting for one a bounded time (so that a stop is seen)."""
+        if self._room is None:
+            return True
+        try:
+            self._room.get(timeout=0.2)
+            return True
+        except queue.Empty:
+            return False
 
     def _fetch_loop(self) -> None:
         try:
@@ -347,19 +362,18 @@ class Prefetcher:
         room (``watch_rounds``; then it was not queued), or None when stopped."""
         probed = time.monotonic()
         while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.2)
+            if self._reserve_room():
+                self._queue.put(item)
                 return delivery_round
-            except queue.Full:
-                if not self.watch_rounds or time.monotonic() - probed < 0.5:
-                    continue
-                probed = time.monotonic()
-                try:
-                    status = self._stub.GetReorgStatus(pb.GetReorgStatusRequest(), timeout=self._settings.poll_seconds)
-                except grpc.RpcError:
-                    continue  # the fetch loop finds out what became of the sidecar once it may poll again
-                if status.incarnation == incarnation and status.delivery_round > delivery_round:
-                    return int(status.delivery_round)
+            if not self.watch_rounds or time.monotonic() - probed < 0.5:
+                continue
+            probed = time.monotonic()
+            try:
+                status = self._stub.GetReorgStatus(pb.GetReorgStatusRequest(), timeout=self._settings.poll_seconds)
+            except grpc.RpcError:
+                continue  # the fetch loop finds out what became of the sidecar once it may poll again
+            if status.incarnation == incarnation and status.delivery_round > delivery_round:
+                return int(status.delivery_round)
         return None
 
     def _new_round(self, delivery_round: int, sequence: int) -> bool:
@@ -379,6 +393,8 @@ class Prefetcher:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if self._room is not None:
+                self._room.put(None)
             if isinstance(item, Staged):
                 self.release(item)
             else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from knittrans.client.connection import ConnectionSettings
@@ -70,4 +70,3 @@ class TrainerStats:
     skipped_after_restart: int = 0  # re-published micro-batches skipped after a sidecar restart
     restarts_seen: int = 0
     minibatch_restarts: int = 0  # delivery rounds: a TP rank of the consumer restarted mid-mini-batch
-    waits: list[float] = field(default_factory=list)  # per micro-batch (per mini-batch in eager mode)
