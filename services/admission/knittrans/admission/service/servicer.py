@@ -461,7 +461,10 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
                         field="new_version",
                     )
                 await self._commit(journal_pb2.JournalRecord(at=self._clock(), version=request))
-                await self._admit_until_wait()
+                # What the new version lets the engine admit is admitted once this call is answered: the caller is
+                # the training loop of global rank 0, which would otherwise wait for the next mini-batch's
+                # admission (its journal write and planning) at every train batch's end.
+                self._wake.at(self._clock())
             return pb.AdvanceVersionResponse(version=ledger.version)
 
     async def ReserveUnits(self, request: pb.ReserveUnitsRequest, context: aio.ServicerContext):
