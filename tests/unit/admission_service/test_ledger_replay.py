@@ -104,7 +104,8 @@ def snapshot(ledger: AdmissionLedger) -> tuple:
     pool = ledger.engine.decision_view.pool
     return (
         {t: live(t) for t in ledger._rows},
-        {t: ledger.fingerprint_of(t) for t in sorted(ledger._digests.keys() - ledger._rows.keys())},
+        {t: ledger.fingerprint_of(t)  # released: fingerprinted, or held until then (forget_released_rows)
+         for t in sorted((ledger._digests.keys() | ledger._releasing.keys()) - ledger._rows.keys())},
         ledger.index.entries(), ledger.engine.status(), [q.keys[q.head:] for q in pool.queues],
         list(ledger.engine.decision_view.filtered),
         [(s, m.admission, m.trajectory_ids, m.owed_steps) for s, m in sorted(ledger.minibatches.items())],

@@ -286,15 +286,16 @@ def dump(value: object, skip: frozenset[str] = frozenset()) -> object:
 
 
 def internals(ledger: AdmissionLedger) -> object:
-    """The ledger's and the engine's fields, but for row handles and blocks (internal numbering and layout; the
+    """The ledger's and the engine's fields, but for row handles and blocks (internal numbering and layout, and
+    released rows held until fingerprinted: compared through fingerprint_of in observed; the
     index's insertion order follows the blocks' and nothing reads it), the fingerprints cached for
     live trajectories (a cache: compared through fingerprint_of in observed) and what the config determines."""
     # The engine's _generation counts the transitions this process applied (a cache key for the replay), not state.
     engine = dump(ledger.engine, frozenset({"config", "targets", "_inputs", "_generation"}))
     inputs = dump(ledger.engine._inputs, frozenset({"targets", "pool", "last_wait"}))
     index = dump(ledger.index, frozenset({"_generation"}))
-    rest = dump(ledger, frozenset({"settings", "engine", "index", "_rows", "_blocks", "_next_block", "_digests",
-                                   "limits", "minibatches", "_small_blocks", "_examined_block"}))
+    rest = dump(ledger, frozenset({"settings", "engine", "index", "_rows", "_releasing", "_blocks", "_next_block",
+                                   "_digests", "limits", "minibatches", "_small_blocks", "_examined_block"}))
     minibatches = [dump(m, frozenset({"dispatch"})) for _, m in sorted(ledger.minibatches.items())]
     return engine, inputs, index, rest, minibatches
 
@@ -308,7 +309,8 @@ def observed(ledger: AdmissionLedger, now: float) -> tuple:
     status = ledger.engine.status()
     return (
         {t: live(t) for t in ledger._rows},
-        {t: ledger.fingerprint_of(t) for t in sorted(ledger._digests.keys() | ledger._rows.keys())},
+        {t: ledger.fingerprint_of(t)
+         for t in sorted(ledger._digests.keys() | ledger._rows.keys() | ledger._releasing.keys())},
         sorted(ledger.index.entries(), key=lambda e: e.trajectory_id),
         sorted((k, ledger.index.refcount(k)) for k in ledger.index.live_keys()),
         {t: ledger.index.reservation(t) for t in (f"t{i}" for i in range(100, 105))},

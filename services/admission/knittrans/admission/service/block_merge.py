@@ -68,6 +68,7 @@ def merge_blocks(ledger: AdmissionLedger, numbers: Sequence[int]) -> None:
     were acknowledged)."""
     from knittrans.admission.service.ledger import _BLOCK_SHIFT, _Block
 
+    ledger.forget_released_rows()  # released rows still held would not move to the merged block
     parts: list[tuple[TrajectoryColumns, list[int]]] = []
     oldest: list[int] = []
     rows_of = ledger._rows

@@ -38,6 +38,7 @@ from knittrans.v1 import journal_pb2, snapshot_pb2
 logger = logging.getLogger(__name__)
 
 DEFAULT_MUTATION_WAIT = 10.0  # seconds a mutating call waits for the lock before it fails UNAVAILABLE
+FORGET_SLICE = 64  # released trajectories fingerprinted per turn of the event loop (tens of microseconds each)
 SETTLE_BACKOFF = (0.05, 1.0)  # seconds between reads of the journal's tail while Redis does not answer
 
 
@@ -147,12 +148,23 @@ class JournaledCommits:
             yield
         finally:
             self.lock.release()
+            loop = asyncio.get_running_loop()
             if merge_due(self._ledger):  # queued after whatever the call woke (assignment streams): block_merge
-                asyncio.get_running_loop().call_soon(self._merge_small_blocks)
+                loop.call_soon(self._merge_small_blocks)
+            if self._ledger.released_rows_held:  # after the answer of the call that released them
+                loop.call_soon(self._forget_released_rows)
 
     def _merge_small_blocks(self) -> None:
         if not self.lock.locked():  # else the call that holds it merges when it lets go
             merge_small_blocks(self._ledger)
+
+    def _forget_released_rows(self) -> None:
+        """A slice at a time, so that no call waits behind a whole mini-batch's fingerprints."""
+        if self.lock.locked():  # the call that holds it queues this again when it lets go
+            return
+        self._ledger.forget_released_rows(FORGET_SLICE)
+        if self._ledger.released_rows_held:
+            asyncio.get_running_loop().call_soon(self._forget_released_rows)
 
     def apply(self, record: journal_pb2.JournalRecord, prepared: Classified | None = None) -> Applied | None:
         """Apply a journaled record to the ledger, once: None if its sequence was applied already."""

@@ -99,9 +99,11 @@ class AdmissionLedger:
         self.limits = IngestLimits(
             sources=frozenset(settings.engine.sources), encoders=frozenset(e.name for e in settings.topology.encoders)
         )
-        # Every acknowledged trajectory is in exactly one of: _rows (live: its row handle) or, once released,
-        # only in _digests (its fingerprint; _digests also caches those of live rows that were re-sent).
+        # Every acknowledged trajectory is in exactly one of: _rows (live: its row handle); _releasing (released,
+        # its row held until its fingerprint is taken: forget_released_rows); or only in _digests (released: its
+        # fingerprint; _digests also caches those of live and releasing rows that were re-sent).
         self._rows: dict[TrajectoryId, int] = {}
+        self._releasing: dict[TrajectoryId, int] = {}
         self._blocks: dict[int, _Block] = {}
         self._next_block = 0
         self._small_blocks: list[int] = []  # blocks block_merge will merge, and the last block it looked at
@@ -370,13 +372,34 @@ class AdmissionLedger:
         return Applied()
 
     def _release_trajectories(self, ids: Iterable[TrajectoryId]) -> tuple[UnitKey, ...]:
-        """Forget released trajectories' metadata but their fingerprints."""
+        """Released trajectories leave the live rows; their metadata is forgotten but their fingerprints once
+        :meth:`forget_released_rows` took those. Taking a fingerprint builds the trajectory's canonical message (tens
+        of microseconds each), which the call that released a mini-batch (the last consumer's optimizer step: a
+        training loop waits for its answer) need not wait for."""
         ids = tuple(ids)
-        digests = self._digests
+        rows, releasing = self._rows, self._releasing
         for trajectory_id in ids:
-            handle = self._rows.pop(trajectory_id, None)
-            if handle is None:
-                continue
+            handle = rows.pop(trajectory_id, None)
+            if handle is not None:
+                releasing[trajectory_id] = handle
+        freed = self.index.release(ids)
+        self.attachments.forget(ids)
+        for key in freed:
+            self.pending_deletes[key] = None
+            self._media.pop(key, None)
+        return freed
+
+    @property
+    def released_rows_held(self) -> bool:
+        """Released trajectories' rows wait for :meth:`forget_released_rows`."""
+        return bool(self._releasing)
+
+    def forget_released_rows(self, limit: int | None = None) -> None:
+        """Take the fingerprints of up to ``limit`` released trajectories (all by default) and drop their rows.
+        What the ledger answers is the same before and after: only memory changes."""
+        releasing, digests = self._releasing, self._digests
+        for _ in range(len(releasing) if limit is None else min(limit, len(releasing))):
+            trajectory_id, handle = releasing.popitem()
             number, row = handle >> _BLOCK_SHIFT, handle & ((1 << _BLOCK_SHIFT) - 1)
             block = self._blocks[number]
             if trajectory_id not in digests:
@@ -384,12 +407,6 @@ class AdmissionLedger:
             block.live -= 1
             if not block.live:
                 del self._blocks[number]
-        freed = self.index.release(ids)
-        self.attachments.forget(ids)
-        for key in freed:
-            self.pending_deletes[key] = None
-            self._media.pop(key, None)
-        return freed
 
     def _forget_finished(self) -> None:
         """Drop mini-batches that are released and acknowledged by every consumer: nobody can ask again."""
@@ -400,7 +417,7 @@ class AdmissionLedger:
     # -- derived views ---------------------------------------------------------------------------------
 
     def is_reported(self, trajectory_id: TrajectoryId) -> bool:
-        return trajectory_id in self._rows or trajectory_id in self._digests
+        return trajectory_id in self._rows or trajectory_id in self._digests or trajectory_id in self._releasing
 
     @property
     def media(self) -> Mapping[str, tuple]:
@@ -408,7 +425,9 @@ class AdmissionLedger:
         return self._media
 
     def _locate(self, trajectory_id: TrajectoryId) -> tuple[_Block, int]:
-        handle = self._rows[trajectory_id]
+        return self._block_row(self._rows[trajectory_id])
+
+    def _block_row(self, handle: int) -> tuple[_Block, int]:
         return self._blocks[handle >> _BLOCK_SHIFT], handle & ((1 << _BLOCK_SHIFT) - 1)
 
     def row_summary(self, trajectory_id: TrajectoryId) -> tuple[str, str, int]:
@@ -419,13 +438,15 @@ class AdmissionLedger:
 
     def knows_none_of(self, trajectory_ids: Collection[str]) -> bool:
         """Whether none of these trajectories was reported before (a set operation: the common case)."""
-        return self._rows.keys().isdisjoint(trajectory_ids) and self._digests.keys().isdisjoint(trajectory_ids)
+        return (self._rows.keys().isdisjoint(trajectory_ids) and self._digests.keys().isdisjoint(trajectory_ids)
+                and self._releasing.keys().isdisjoint(trajectory_ids))
 
     def fingerprint_of(self, trajectory_id: TrajectoryId) -> bytes:
         """The fingerprint of a reported trajectory's content, to tell an identical re-send from a conflict."""
         digest = self._digests.get(trajectory_id)
         if digest is None:
-            block, row = self._locate(trajectory_id)
+            handle = self._releasing.get(trajectory_id)
+            block, row = self._locate(trajectory_id) if handle is None else self._block_row(handle)
             digest = self._digests[trajectory_id] = fingerprint(block.columns.canonical_message(row))
         return digest
 

@@ -73,6 +73,7 @@ class Snapshot:
 def snapshot_of(ledger: AdmissionLedger, sequence: int, stored: StoredFingerprints) -> Snapshot:
     """The ledger as it is after journal record ``sequence`` (the caller holds the journal's lock), with the
     fingerprints added since the ``stored`` snapshot as a new chunk."""
+    ledger.forget_released_rows()  # a released trajectory is stored by its fingerprint only
     digests = ledger._digests
     new_chunk = None
     if len(digests) > stored.count:
