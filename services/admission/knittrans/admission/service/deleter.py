@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 
 from knittrans.errors import KnitTransError, Unavailable
@@ -39,15 +40,19 @@ class UnitDeleter:
         self._commit = commit
         self._clock = clock
         self._on_deleted = on_deleted
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        # Released keys in release order. A mini-batch's release queues them in one call (thousands of keys at
+        # 4,096 trajectories: queued one by one they cost the releasing report milliseconds of queue operations).
+        self._waiting: deque[str] = deque()
+        self._queued = asyncio.Event()
         self.deleting: frozenset[str] = frozenset()
         self.ended = asyncio.Event()
         self.ended.set()
         self.done = asyncio.Condition()
 
     def enqueue(self, keys: Collection[str]) -> None:
-        for key in keys:
-            self._queue.put_nowait(key)
+        if keys:
+            self._waiting.extend(keys)
+            self._queued.set()
 
     async def wait_gone(self, keys: Collection[str]) -> None:
         """Until none of ``keys`` is still pending deletion."""
@@ -57,10 +62,12 @@ class UnitDeleter:
     async def run(self) -> None:
         """Forever (until cancelled). A key referenced again after its release (a reservation, or a report,
         revived it) is no longer pending and is skipped."""
+        waiting = self._waiting
         while True:
-            queued = [await self._queue.get()]
-            while len(queued) < self._batch_size and not self._queue.empty():
-                queued.append(self._queue.get_nowait())
+            await self._queued.wait()
+            queued = [waiting.popleft() for _ in range(min(self._batch_size, len(waiting)))]
+            if not waiting:
+                self._queued.clear()
             async with self._lock:
                 pending = self._pending()
                 keys = [key for key in dict.fromkeys(queued) if key in pending]

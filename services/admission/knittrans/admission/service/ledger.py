@@ -384,8 +384,8 @@ class AdmissionLedger:
                 releasing[trajectory_id] = handle
         freed = self.index.release(ids)
         self.attachments.forget(ids)
+        self.pending_deletes.update(dict.fromkeys(freed))
         for key in freed:
-            self.pending_deletes[key] = None
             self._media.pop(key, None)
         return freed
 
