@@ -1,6 +1,7 @@
 """The optimizer-step report that releases a mini-batch is answered before the released trajectories are
 fingerprinted (the training loop of the last consumer to step waits for that answer); the service takes the
-fingerprints afterwards, a slice per turn of its event loop, and then holds no row of them. A re-send of a
+fingerprints afterwards, one slice per turn of its event loop however many calls end meanwhile, and then holds
+no row of them. A re-send of a
 released trajectory is told apart from a changed one before and after, as the journal's replay tells it.
 Driven in-process, with the reference being a ledger that took the fingerprints at once."""
 
@@ -42,6 +43,11 @@ def test_the_releasing_report_is_answered_before_the_fingerprints_are_taken() ->
             stage=pb.PROGRESS_STAGE_OPTIMIZER_STEP), None)
         assert answer.released
         assert ledger.released_rows_held and ledger._digests == {}  # answered with no fingerprint taken
+        for _ in range(3):  # more calls let go of the lock: still one slice per turn of the loop
+            async with servicer._commits.mutating():
+                pass
+        await asyncio.sleep(0)
+        assert len(ledger._releasing) == TRAIN_BATCH - FORGET_SLICE
 
         resend = [reported(0), reported(1)]
         resend[1].num_loss_tokens += 1  # changed: a conflict

@@ -70,6 +70,7 @@ class JournaledCommits:
         self.lock = asyncio.Lock()
         self._applied_sequence = 0  # the last journal record applied to the ledger
         self._settling = False  # a journal write's outcome is unknown and its tail is being read
+        self._forgetting = False  # a chain of _forget_released_rows is queued or running
         self._snapshot_every = snapshot_every if journal.keeps_records else 0  # records; 0: no snapshots
         self._snapshot_sequence = 0  # the last record the stored snapshot includes (or the last attempt's)
         self._stored: StoredFingerprints | None = StoredFingerprints()  # None: unknown until read again
@@ -151,7 +152,8 @@ class JournaledCommits:
             loop = asyncio.get_running_loop()
             if merge_due(self._ledger):  # queued after whatever the call woke (assignment streams): block_merge
                 loop.call_soon(self._merge_small_blocks)
-            if self._ledger.released_rows_held:  # after the answer of the call that released them
+            if self._ledger.released_rows_held and not self._forgetting:  # after the answer that released them
+                self._forgetting = True
                 loop.call_soon(self._forget_released_rows)
 
     def _merge_small_blocks(self) -> None:
@@ -159,12 +161,16 @@ class JournaledCommits:
             merge_small_blocks(self._ledger)
 
     def _forget_released_rows(self) -> None:
-        """A slice at a time, so that no call waits behind a whole mini-batch's fingerprints."""
-        if self.lock.locked():  # the call that holds it queues this again when it lets go
+        """A slice at a time (one such chain at once), so that no call waits behind a whole mini-batch's
+        fingerprints."""
+        if self.lock.locked():  # the call that holds it starts this again when it lets go
+            self._forgetting = False
             return
         self._ledger.forget_released_rows(FORGET_SLICE)
         if self._ledger.released_rows_held:
             asyncio.get_running_loop().call_soon(self._forget_released_rows)
+        else:
+            self._forgetting = False
 
     def apply(self, record: journal_pb2.JournalRecord, prepared: Classified | None = None) -> Applied | None:
         """Apply a journaled record to the ledger, once: None if its sequence was applied already."""
