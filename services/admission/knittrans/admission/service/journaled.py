@@ -162,10 +162,9 @@ class JournaledCommits:
 
     def _forget_released_rows(self) -> None:
         """A slice at a time (one such chain at once), so that no call waits behind a whole mini-batch's
-        fingerprints."""
-        if self.lock.locked():  # the call that holds it starts this again when it lets go
-            self._forgetting = False
-            return
+        fingerprints. It goes on while a call holds the lock (unlike a block merge, it moves no live row, and a
+        service that is never idle must still let go of released rows): it only drops released rows and adds
+        fingerprints, which a call in the middle of its journal write never reads back."""
         self._ledger.forget_released_rows(FORGET_SLICE)
         if self._ledger.released_rows_held:
             asyncio.get_running_loop().call_soon(self._forget_released_rows)
