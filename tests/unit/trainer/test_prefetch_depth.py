@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,13 +18,9 @@ from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.trainer.prefetch import Prefetcher
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
 from knittrans.v1 import reorg_service_pb2 as pb
+from tests.unit.trainer.test_release_thread import Closed
 
 ENDLESS = 10**6
-
-
-class Closed(grpc.RpcError):
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.CANCELLED
 
 
 class PublishingSidecar:

@@ -372,10 +372,10 @@ class AdmissionLedger:
         return Applied()
 
     def _release_trajectories(self, ids: Iterable[TrajectoryId]) -> tuple[UnitKey, ...]:
-        """Released trajectories leave the live rows; their metadata is forgotten but their fingerprints once
-        :meth:`forget_released_rows` took those. Taking a fingerprint builds the trajectory's canonical message (tens
-        of microseconds each), which the call that released a mini-batch (the last consumer's optimizer step: a
-        training loop waits for its answer) need not wait for."""
+        """Released trajectories leave the live rows. Their rows are held until :meth:`forget_released_rows`
+        keeps only their fingerprints: taking one builds the trajectory's canonical message (tens of microseconds
+        each), which the call that released a mini-batch (the last consumer's optimizer step: a training loop
+        waits for its answer) need not wait for."""
         ids = tuple(ids)
         rows, releasing = self._rows, self._releasing
         for trajectory_id in ids:
@@ -400,13 +400,12 @@ class AdmissionLedger:
         releasing, digests = self._releasing, self._digests
         for _ in range(len(releasing) if limit is None else min(limit, len(releasing))):
             trajectory_id, handle = releasing.popitem()
-            number, row = handle >> _BLOCK_SHIFT, handle & ((1 << _BLOCK_SHIFT) - 1)
-            block = self._blocks[number]
+            block, row = self._block_row(handle)
             if trajectory_id not in digests:
                 digests[trajectory_id] = fingerprint(block.columns.canonical_message(row))
             block.live -= 1
             if not block.live:
-                del self._blocks[number]
+                del self._blocks[handle >> _BLOCK_SHIFT]
 
     def _forget_finished(self) -> None:
         """Drop mini-batches that are released and acknowledged by every consumer: nobody can ask again."""
