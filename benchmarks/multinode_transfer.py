@@ -11,7 +11,8 @@ The arms are :mod:`transfer_knittrans`'s, on :mod:`transfer_workload`'s step, si
 minutes (``--help`` lists the knobs): ``iter`` (consumption-driven delivery with prefetch) and ``eager`` (the
 whole mini-batch is materialised before the first micro-batch). Per step:
 
-- ``exposed_from_report_s``: from the step's report to the admission service until every rank of a DP group
+- ``exposed_from_report_s``: from the report of the step's last trajectory to the admission service (its other
+  trajectories reported before it) until every rank of a DP group
   holds its first micro-batch (in eager mode: its whole mini-batch), plus the group's later waits for data;
   the largest group's;
 - ``exposed_transfer_s``: the same from the group's dispatch on (:mod:`transfer_knittrans`'s definition,

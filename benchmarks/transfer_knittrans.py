@@ -10,7 +10,9 @@ Per step:
 
 1. the step's units are written to the unit store before the arm's steps run (not timed, as the TransferQueue
    arm's writes are not);
-2. the metadata is reported; the service admits and dispatches the assignments. With ``report_ahead`` the
+2. the metadata is reported, the last trajectory apart, and the clock starts as the last one's report goes out
+   (an extra cold step reports the whole step at once inside its clock instead, this benchmark's clock before);
+   the service admits and dispatches the assignments. With ``report_ahead`` the
    next step's metadata is reported while this one trains (the rollouts run one mini-batch ahead, which the
    engine's ``max_batches_ahead`` of 1 allows), so the next mini-batch can be staged before the loop asks for
    it. It is reported once every group holds this step's micro-batch 0: a step's first micro-batch then never
@@ -23,7 +25,8 @@ Per step:
 4. exposed transfer on the one clock (:func:`transfer_accounting.one_clock_exposed`, the TransferQueue arms'
    definition too) starts at the later of the report and the group's loop asking for the mini-batch, and
    counts everything the loop spends outside compute; the largest group's is the step's. The first measured
-   step is cold (reported while the trainer waits); with ``report_ahead`` the later ones are the steady state.
+   step is cold (reported while the trainer waits), and so is the extra one after it, reported whole; with
+   ``report_ahead`` the later ones are the steady state.
    The earlier figure, from the moment the last consumer the group depends on had its assignment and without
    the loop's own take/release work, is kept as ``exposed_from_last_assignment_s``.
 
@@ -260,6 +263,7 @@ def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig, *, report
                                   compute_s=tuple(computes), bytes_moved_from_storage=bytes_moved)
     blocked = [w - f for w, f in zip(waits, first, strict=True)]
     extra = {
+        "reported_at": reported,  # wall clock, to line the step up with the processes' logs or a trace
         "exposed_one_clock_s": max(one_clock),
         "exposed_one_clock_s_per_dp_group": one_clock,
         "exposed_from_last_assignment_s": measurement.exposed_transfer_s,
@@ -293,18 +297,23 @@ def _moved(cluster: Cluster, before: dict[Consumer, Any]) -> tuple[int, int, int
 
 
 def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_step: int, warmup_steps: int,
-            steps: int, prefetch: int, report_ahead: bool = False) -> dict[str, Any]:
-    """Warm-up steps, then ``steps`` measured ones; the first measured step is cold. With ``report_ahead`` every
-    later step is reported as soon as the one before it was (the steady state; see the module docstring)."""
+            steps: int, prefetch: int, report_ahead: bool = False, whole_report_cold_step: bool = False
+            ) -> dict[str, Any]:
+    """Warm-up steps, then ``steps`` measured ones; the first measured step is cold. With
+    ``whole_report_cold_step`` one more cold step follows it, its whole step reported inside its clock. With
+    ``report_ahead`` every later step is reported as soon as the one before it was (the steady state; see the
+    module docstring). The report's ``steps_run`` is how many steps (trajectory ids) the arm used."""
     config = workload.config
-    total = warmup_steps + steps
+    total = warmup_steps + steps + whole_report_cold_step
+    whole_report_step = warmup_steps + 1 if whole_report_cold_step else None
+    last_cold_step = warmup_steps + whole_report_cold_step
     context = multiprocessing.get_context("spawn")
     sync = Sync(ready=context.Barrier(config.dp + 1), encoders_done=[context.Barrier(config.dp) for _ in range(total)],
                 first_microbatch_held=context.Queue())
     results = context.Queue()
     store = open_store(cluster.store_url, job=cluster.job)
     arm = f"knittrans-{mode.value}"
-    ahead = [report_ahead and warmup_steps < step for step in range(total)]
+    ahead = [report_ahead and last_cold_step < step for step in range(total)]
     written = [write_step(workload, store, cluster.job, first_step + step, first_step + step - ahead[step])
                for step in range(total)]
     processes = []
@@ -321,6 +330,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         processes.append(process)
     measured: list[tuple[StepMeasurement, dict[str, Any]]] = []
     reported: dict[int, float] = {}
+    in_last_report: dict[int, int] = {}
     waiting: dict[int, list[dict[str, Any]]] = {}
     before: dict[Consumer, Any] = {}
     ended = False  # else the groups may wait on barriers or queues forever: stop them at once
@@ -329,8 +339,16 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         with AdmissionClient(cluster.address) as admission:
 
             def report(step: int) -> None:
+                """The clock starts as the step's last trajectory is reported, its others reported before (as
+                TransferQueue's arms put every row before their clocks start); the extra cold step reports the
+                whole step at once, inside its clock (this benchmark's clock before)."""
+                metas = written[step][0]
+                if step != whole_report_step:
+                    admission.report(metas[:-1])
+                    metas = metas[-1:]
                 reported[step] = time.time()
-                admission.report(written[step][0])
+                in_last_report[step] = len(metas)
+                admission.report(metas)
 
             held: dict[int, int] = {}
 
@@ -354,7 +372,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                     before = cluster.statuses()  # the warm-up's reads are over: its records are in
                 if step not in reported:
                     report(step)
-                if report_ahead and warmup_steps <= step < total - 1:
+                if report_ahead and last_cold_step <= step < total - 1:
                     wait_first_microbatch(step)
                     report(step + 1)  # lands while this step trains
                 while len(waiting.get(step, [])) < config.dp:
@@ -370,8 +388,10 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                     raise RuntimeError(f"{arm}: delivered {extra['real_tokens_delivered']} tokens and "
                                        f"{extra['images_delivered']} images, expected {expected_tokens} and "
                                        f"{expected_images}")
-                kind = "warm-up" if step < warmup_steps else "cold" if step == warmup_steps else "steady"
-                extra.update({"kind": kind, "write_s": written[step][1]})
+                kind = ("warm-up" if step < warmup_steps else "cold" if step == warmup_steps
+                        else "cold-whole-step-report" if step == whole_report_step else "steady")
+                extra.update({"kind": kind, "write_s": written[step][1],
+                              "trajectories_in_last_report": in_last_report[step]})
                 logger.info("[%s] step %d (%s): %.2f s, exposed on one clock %.4f s, from the last assignment "
                             "%.4f s, report to dispatch %.4f s", arm, step, kind, measurement.step_s,
                             extra["exposed_one_clock_s"], measurement.exposed_transfer_s,
@@ -388,9 +408,10 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                 process.kill()
     per_step = [dataclasses.replace(m, bytes_moved_from_storage=moved // len(measured)) for m, _ in measured]
     extras = [e for _, e in measured]
-    steady = [e["exposed_one_clock_s"] for e in extras[1:]]
+    steady = [e["exposed_one_clock_s"] for e in extras[1 + whole_report_cold_step:]]
     report = arm_report(arm=arm, workload=workload, steps=per_step, details={
         "mode": mode.value,
+        "steps_run": total,
         "readers": (f"{config.dp * config.cp} backbone sidecars (one per DP x CP, shared by its {config.tp} TP "
                     f"ranks) + {config.dp} encoder sidecars, one outstanding batched read each"),
         "ranks": "one process per DP group holding its CP x TP ranks' clients and the encoder rank it hosts",
@@ -398,6 +419,8 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         "bytes_needed_by_plans": needed // len(measured),
         "read_calls_per_step": read_calls / len(measured),
         "exposed_one_clock_cold_s": extras[0]["exposed_one_clock_s"],
+        "exposed_one_clock_cold_whole_step_report_s": (extras[1]["exposed_one_clock_s"] if whole_report_cold_step
+                                                       else None),
         "exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,
         "exposed_from_last_assignment_s_per_step": statistics.median(
             e["exposed_from_last_assignment_s"] for e in extras),
@@ -452,8 +475,9 @@ class KnitTransClusters:
     def run(self, store: str, mode: DeliveryMode, *, warmup_steps: int, steps: int,
             report_ahead: bool = True) -> dict[str, Any]:
         report = run_arm(self._clusters[store], self._workload, mode, first_step=self._next_step[store],
-                         warmup_steps=warmup_steps, steps=steps, prefetch=self._prefetch, report_ahead=report_ahead)
-        self._next_step[store] += warmup_steps + steps
+                         warmup_steps=warmup_steps, steps=steps, prefetch=self._prefetch, report_ahead=report_ahead,
+                         whole_report_cold_step=True)
+        self._next_step[store] += report["steps_run"]
         report.update({"arm": f"knittrans-{mode.value}-{store}", "store": store, "medium": STORE_MEDIA[store]})
         return report
 

@@ -1,0 +1,37 @@
+"""``benchmarks/transfer.py --smoke`` runs both KnitTrans arms one after the other on one cluster, end to end.
+
+Each arm runs a warm-up step, the cold step (its clock started as the step's last trajectory is reported), the
+extra cold step reported whole inside its clock, and the steady state. The arms share one admission service, so
+the second must use trajectory ids of its own: an arm that reused the first one's would have its reports taken as
+duplicates and wait for ever (the time-out below). Every step also checks inside the benchmark that every real
+token and image was delivered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.doc_blocks import ROOT
+
+
+def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--smoke", "--skip-transferqueue", "--store",
+         "file", "--no-roles-arm", "--steps", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    [run] = document["runs"]
+    trajectories = document["workload"]["trajectories"]
+    assert set(run["arms"]) == {"knittrans-iter-file", "knittrans-eager-file"}
+    for arm in document["arms"]:
+        steps = arm["steps"]
+        assert [s["kind"] for s in steps] == ["cold", "cold-whole-step-report", "steady", "steady"]
+        assert [s["trajectories_in_last_report"] for s in steps] == [1, trajectories, 1, 1]
+        assert arm["steps_run"] == 5  # the warm-up step too
+        assert arm["exposed_one_clock_cold_s"] == steps[0]["exposed_one_clock_s"]
+        assert arm["exposed_one_clock_cold_whole_step_report_s"] == steps[1]["exposed_one_clock_s"]
+        assert arm["amplification"] == 1.0
+        figures = run["arms"][arm["arm"]]
+        assert figures["exposed_one_clock_cold_whole_step_report_s"] > 0
