@@ -189,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the reference's micro-batch budget in tokens (default: twice the actor's)")
     parser.add_argument("--roles-passes", type=int, default=2,
                         help="passes of the multi-role arm's second variant (default 2; 1: no second variant)")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep the KnitTrans clusters' run directories (logs, configs) in the temporary "
+                             "directory; by default they are kept only when the run did not finish")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     arguments = parser.parse_args(argv)
     config = config_from_arguments(arguments)
@@ -216,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     roles_records: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
+    finished = False
     try:
         clusters = KnitTransClusters(config, stores=stores, slots=arguments.slots, prefetch=arguments.prefetch,
                                      encoder_microbatch_images=arguments.encoder_microbatch_images,
@@ -245,11 +249,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run[record["arm"]] = figures(record)
             runs.append({"repeat": repeat, "arms": run, "ratios": ratios(run, stores)})
             logger.info("run %d ratios: %s", repeat, runs[-1]["ratios"])
+        finished = True
     finally:
+        keep_logs = arguments.keep_logs or not finished
         if clusters is not None:
-            document["knittrans"] = clusters.close()
+            document["knittrans"] = clusters.close(keep_logs=keep_logs)
         if roles_clusters is not None:
-            document["roles"] = {"cluster": roles_clusters.close()}
+            document["roles"] = {"cluster": roles_clusters.close(keep_logs=keep_logs)}
         if session is not None:
             document["transferqueue"] = session.description
             session.close()

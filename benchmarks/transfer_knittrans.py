@@ -481,11 +481,15 @@ class KnitTransClusters:
         report.update({"arm": f"knittrans-{mode.value}-{store}", "store": store, "medium": STORE_MEDIA[store]})
         return report
 
-    def close(self) -> dict[str, Any]:
-        """Stop every cluster; returns the settings and, per store, what it was and the shared-memory segments
-        its sidecars left (should be none)."""
+    def close(self, *, keep_logs: bool = False) -> dict[str, Any]:
+        """Stop every cluster, and remove its run directory unless ``keep_logs``; returns the settings and, per
+        store, what it was and the shared-memory segments its sidecars left (should be none)."""
         for store, cluster in self._clusters.items():
-            self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop())
+            self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop(keep_logs=keep_logs))
+            if not keep_logs:
+                self._described[store]["logs"] = None
+            else:
+                logger.info("the %s cluster's logs are kept in %s", store, cluster.directory)
         self._clusters.clear()
         return {**self._settings, "stores": self._described}
 

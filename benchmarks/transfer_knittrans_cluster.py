@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,8 +116,9 @@ class Cluster:
                     reorg_service_pb2.GetReorgStatusRequest(), timeout=10)
         return result
 
-    def stop(self) -> list[str]:
-        """Stop everything; returns the shared-memory segments the sidecars left (should be none)."""
+    def stop(self, *, keep_logs: bool = True) -> list[str]:
+        """Stop everything; returns the shared-memory segments the sidecars left (should be none). Without
+        ``keep_logs`` the run directory (configs, ready files, logs) goes too."""
         for process in {id(p): p for p in self.sidecars.values()}.values():
             process.stop()
         self.admission.stop()
@@ -124,9 +126,9 @@ class Cluster:
         if self.mooncake is not None:
             self.mooncake.stop()
         elif self.store_url.startswith("file://"):
-            import shutil
-
             shutil.rmtree(self.store_url.removeprefix("file://"), ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.directory, ignore_errors=True)
         return left
 
 

@@ -439,9 +439,13 @@ class RolesClusters:
             report.update({"arm": f"{report['arm']}-{store}", "store": store, "medium": STORE_MEDIA[store]})
         return reports
 
-    def close(self) -> dict[str, Any]:
+    def close(self, *, keep_logs: bool = False) -> dict[str, Any]:
         for store, cluster in self._clusters.items():
-            self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop())
+            self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop(keep_logs=keep_logs))
+            if not keep_logs:
+                self._described[store]["logs"] = None
+            else:
+                logger.info("the %s cluster's logs are kept in %s", store, cluster.directory)
         self._clusters.clear()
         return {"reference": dataclasses.asdict(self._reference), "field": FIELD,
                 "reference_forward_fraction": REFERENCE_FORWARD_FRACTION, "images": 0, "stores": self._described}

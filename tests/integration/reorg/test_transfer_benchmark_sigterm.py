@@ -31,6 +31,7 @@ def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=output)
     cluster: dict[int, str] = {}
     config: dict = {}
+    run_directory: Path | None = None  # a run that did not finish keeps its logs there
     try:
         deadline = time.monotonic() + 180
         while "step 1 (cold)" not in log.read_text():  # its cluster is up and running a measured step
@@ -41,7 +42,9 @@ def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store
                    if "admission serve" in command or "reorg serve" in command}
         assert sum("reorg serve" in command for command in cluster.values()) >= 2
         admission = next(command for command in cluster.values() if "admission serve" in command)
-        config = yaml.safe_load(Path(admission.split("--config ")[1].split()[0]).read_text())
+        config_path = Path(admission.split("--config ")[1].split()[0])
+        run_directory = config_path.parent
+        config = yaml.safe_load(config_path.read_text())
         store = Path(config["store"].removeprefix("file://"))
         assert store.is_dir()
 
@@ -58,6 +61,8 @@ def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store
             benchmark.wait()
         for pid in set(cluster) & set(live_processes()):  # what a failed clean-up left
             os.kill(pid, signal.SIGKILL)
+        if run_directory is not None:
+            shutil.rmtree(run_directory, ignore_errors=True)
         if config:
             shutil.rmtree(config["store"].removeprefix("file://"), ignore_errors=True)
             remove_segments(f"knittrans-{config['job']}@")

@@ -4,18 +4,26 @@ Each arm runs a warm-up step, the cold step (its clock started as the step's las
 extra cold step reported whole inside its clock, and the steady state. The arms share one admission service, so
 the second must use trajectory ids of its own: an arm that reused the first one's would have its reports taken as
 duplicates and wait for ever (the time-out below). Every step also checks inside the benchmark that every real
-token and image was delivered."""
+token and image was delivered. A run that finishes leaves no run directory behind (each left its logs and
+configs in the temporary directory, one per run)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from tests.doc_blocks import ROOT
 
 
+def _run_directories() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("kt-transfer-*"))
+
+
 def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks() -> None:
+    before = _run_directories()
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--smoke", "--skip-transferqueue", "--store",
          "file", "--no-roles-arm", "--steps", "3"],
@@ -35,3 +43,5 @@ def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks()
         assert arm["amplification"] == 1.0
         figures = run["arms"][arm["arm"]]
         assert figures["exposed_one_clock_cold_whole_step_report_s"] > 0
+    assert document["knittrans"]["stores"]["file"]["logs"] is None
+    assert _run_directories() <= before
