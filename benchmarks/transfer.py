@@ -16,7 +16,9 @@ clock starts as the report of the step's last trajectory goes out, its other tra
 rollouts finish one by one (TransferQueue's starts once its last put has returned). Each KnitTrans arm also runs
 one extra cold step whose whole step is reported in one call inside the clock, which is how this benchmark
 started KnitTrans's clock before; its figure stays beside the new one as
-``exposed_one_clock_cold_whole_step_report_s``, with its own ratio.
+``exposed_one_clock_cold_whole_step_report_s``, with its own ratio. For KnitTrans's cold steps the JSON also
+gives the CPU each group of its processes used from the clock's start until every DP group held the step
+(``cold_step_cpu``, :mod:`process_cpu`), and that CPU's share of every usable CPU over the window.
 
 Each arm runs warm-up steps, then ``--steps`` measured ones: the first is cold (reported while the trainer
 waits), the later ones are the steady state (the streaming loader gets the next mini-batch's data as soon as the
@@ -83,6 +85,9 @@ def figures(arm: dict[str, Any]) -> dict[str, Any]:
                 "exposed_from_plan_known_s_per_step"):
         if key in arm:
             kept[key] = arm[key]
+    if "cold_step_cpu" in arm:  # KnitTrans: the CPU its processes used in the cold step, and its share of the CPUs
+        kept["cold_step_cpu_s"] = arm["cold_step_cpu"]["total_cpu_s"]
+        kept["cold_step_busy_fraction_of_cpus"] = arm["cold_step_cpu"]["busy_fraction_of_cpus"]
     return kept
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import os
 import queue
 import statistics
 import sys
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from process_cpu import CpuMeter, cpu_in_window, usable_cpus
 from transfer_accounting import StepMeasurement, arm_report, one_clock_exposed
 from transfer_knittrans_cluster import ENCODER, Cluster, Consumer, image_cost, start_cluster
 from transfer_workload import Workload, WorkloadConfig, build_workload, prompt_images, trajectory_fields
@@ -288,6 +290,24 @@ def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig, *, report
     return measurement, extra
 
 
+def _cpu_meter(cluster: Cluster, trainers: Sequence[multiprocessing.process.BaseProcess]) -> CpuMeter:
+    """The run's processes in groups: the service, the sidecars by role (one process hosting every consumer is
+    one group), the DP-group processes, this driver and, on Mooncake, its master and segment owner."""
+    sidecars: dict[str, list[int]] = {}
+    for consumer, process in cluster.sidecars.items():
+        group = "encoder_sidecars" if consumer.role.startswith("encoder") else "backbone_sidecars"
+        if process.popen.pid not in {pid for pids in sidecars.values() for pid in pids}:
+            sidecars.setdefault(group, []).append(process.popen.pid)
+    if len(cluster.sidecars) > 1 and sum(map(len, sidecars.values())) == 1:
+        sidecars = {"sidecars": [pid for pids in sidecars.values() for pid in pids]}
+    groups: dict[str, list[int]] = {"admission": [cluster.admission.popen.pid], **sidecars,
+                                    "trainer_processes": [p.pid for p in trainers if p.pid is not None],
+                                    "driver": [os.getpid()]}
+    if cluster.mooncake is not None:
+        groups["mooncake"] = [cluster.mooncake.master.pid, cluster.mooncake.owner.pid]
+    return CpuMeter.of(groups)
+
+
 def _moved(cluster: Cluster, before: dict[Consumer, Any]) -> tuple[int, int, int]:
     """Bytes read, bytes the plans needed and read calls of every sidecar since ``before``."""
     after = cluster.statuses()
@@ -333,6 +353,9 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
     in_last_report: dict[int, int] = {}
     waiting: dict[int, list[dict[str, Any]]] = {}
     before: dict[Consumer, Any] = {}
+    meter = _cpu_meter(cluster, processes)
+    cpu_before: dict[int, dict[str, float]] = {}
+    cpu_during: dict[int, dict[str, float]] = {}
     ended = False  # else the groups may wait on barriers or queues forever: stop them at once
     try:
         sync.ready.wait(timeout=300)  # nothing of a step is timed before the ranks are up
@@ -346,6 +369,8 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                 if step != whole_report_step:
                     admission.report(metas[:-1])
                     metas = metas[-1:]
+                if warmup_steps <= step <= last_cold_step:
+                    cpu_before[step] = meter.snapshot()
                 reported[step] = time.time()
                 in_last_report[step] = len(metas)
                 admission.report(metas)
@@ -372,6 +397,10 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                     before = cluster.statuses()  # the warm-up's reads are over: its records are in
                 if step not in reported:
                     report(step)
+                if step in cpu_before:  # a cold step: the CPU every process used until every group held it
+                    wait_first_microbatch(step)
+                    cpu_during[step] = cpu_in_window(cpu_before[step], meter.snapshot(),
+                                                     window_s=time.time() - reported[step], cpus=usable_cpus())
                 if report_ahead and last_cold_step <= step < total - 1:
                     wait_first_microbatch(step)
                     report(step + 1)  # lands while this step trains
@@ -392,6 +421,8 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                         else "cold-whole-step-report" if step == whole_report_step else "steady")
                 extra.update({"kind": kind, "write_s": written[step][1],
                               "trajectories_in_last_report": in_last_report[step]})
+                if step in cpu_during:
+                    extra["cpu_until_every_group_held_it"] = cpu_during[step]
                 logger.info("[%s] step %d (%s): %.2f s, exposed on one clock %.4f s, from the last assignment "
                             "%.4f s, report to dispatch %.4f s", arm, step, kind, measurement.step_s,
                             extra["exposed_one_clock_s"], measurement.exposed_transfer_s,
@@ -419,6 +450,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         "bytes_needed_by_plans": needed // len(measured),
         "read_calls_per_step": read_calls / len(measured),
         "exposed_one_clock_cold_s": extras[0]["exposed_one_clock_s"],
+        "cold_step_cpu": extras[0]["cpu_until_every_group_held_it"],
         "exposed_one_clock_cold_whole_step_report_s": (extras[1]["exposed_one_clock_s"] if whole_report_cold_step
                                                        else None),
         "exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,

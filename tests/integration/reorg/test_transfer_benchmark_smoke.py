@@ -43,5 +43,10 @@ def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks()
         assert arm["amplification"] == 1.0
         figures = run["arms"][arm["arm"]]
         assert figures["exposed_one_clock_cold_whole_step_report_s"] > 0
+        cpu = arm["cold_step_cpu"]
+        groups = ("admission", "backbone_sidecars", "encoder_sidecars", "trainer_processes", "driver")
+        assert all(cpu[f"{group}_cpu_s"] > 0 for group in groups)  # each of them works in a cold step
+        assert cpu["total_cpu_s"] == sum(cpu[f"{group}_cpu_s"] for group in groups)
+        assert 0 < cpu["busy_fraction_of_cpus"] <= 1.1  # no more CPU than the machine had in the window
     assert document["knittrans"]["stores"]["file"]["logs"] is None
     assert _run_directories() <= before
