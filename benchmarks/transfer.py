@@ -18,7 +18,9 @@ one extra cold step whose whole step is reported in one call inside the clock, w
 started KnitTrans's clock before; its figure stays beside the new one as
 ``exposed_one_clock_cold_whole_step_report_s``, with its own ratio. For KnitTrans's cold steps the JSON also
 gives the CPU each group of its processes used from the clock's start until every DP group held the step
-(``cold_step_cpu``, :mod:`process_cpu`), and that CPU's share of every usable CPU over the window.
+(``cold_step_cpu``, :mod:`process_cpu`), and that CPU's share of every usable CPU over the window; for both
+systems' cold steps, the whole machine's busy share until the last DP group held the data
+(``cold_step_machine_busy_fraction``, from ``/proc/stat``).
 
 Each arm runs warm-up steps, then ``--steps`` measured ones: the first is cold (reported while the trainer
 waits), the later ones are the steady state (the streaming loader gets the next mini-batch's data as soon as the
@@ -88,6 +90,8 @@ def figures(arm: dict[str, Any]) -> dict[str, Any]:
     if "cold_step_cpu" in arm:  # KnitTrans: the CPU its processes used in the cold step, and its share of the CPUs
         kept["cold_step_cpu_s"] = arm["cold_step_cpu"]["total_cpu_s"]
         kept["cold_step_busy_fraction_of_cpus"] = arm["cold_step_cpu"]["busy_fraction_of_cpus"]
+    if arm.get("cold_step_machine_busy_fraction") is not None:  # both systems: every process of the machine
+        kept["cold_step_machine_busy_fraction"] = arm["cold_step_machine_busy_fraction"]
     return kept
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from process_cpu import CpuMeter, cpu_in_window, usable_cpus
+from process_cpu import CpuMeter, cpu_in_window, machine_busy_fraction, machine_cpu_seconds, usable_cpus
 from transfer_accounting import StepMeasurement, arm_report, one_clock_exposed
 from transfer_knittrans_cluster import ENCODER, Cluster, Consumer, image_cost, start_cluster
 from transfer_workload import Workload, WorkloadConfig, build_workload, prompt_images, trajectory_fields
@@ -354,7 +354,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
     waiting: dict[int, list[dict[str, Any]]] = {}
     before: dict[Consumer, Any] = {}
     meter = _cpu_meter(cluster, processes)
-    cpu_before: dict[int, dict[str, float]] = {}
+    cpu_before: dict[int, tuple[dict[str, float], tuple[float, float]]] = {}
     cpu_during: dict[int, dict[str, float]] = {}
     ended = False  # else the groups may wait on barriers or queues forever: stop them at once
     try:
@@ -370,7 +370,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                     admission.report(metas[:-1])
                     metas = metas[-1:]
                 if warmup_steps <= step <= last_cold_step:
-                    cpu_before[step] = meter.snapshot()
+                    cpu_before[step] = meter.snapshot(), machine_cpu_seconds()
                 reported[step] = time.time()
                 in_last_report[step] = len(metas)
                 admission.report(metas)
@@ -399,8 +399,11 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                     report(step)
                 if step in cpu_before:  # a cold step: the CPU every process used until every group held it
                     wait_first_microbatch(step)
-                    cpu_during[step] = cpu_in_window(cpu_before[step], meter.snapshot(),
-                                                     window_s=time.time() - reported[step], cpus=usable_cpus())
+                    processes_before, machine_before = cpu_before[step]
+                    cpu_during[step] = {
+                        **cpu_in_window(processes_before, meter.snapshot(), window_s=time.time() - reported[step],
+                                        cpus=usable_cpus()),
+                        "machine_busy_fraction": machine_busy_fraction(machine_before, machine_cpu_seconds())}
                 if report_ahead and last_cold_step <= step < total - 1:
                     wait_first_microbatch(step)
                     report(step + 1)  # lands while this step trains
@@ -451,6 +454,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         "read_calls_per_step": read_calls / len(measured),
         "exposed_one_clock_cold_s": extras[0]["exposed_one_clock_s"],
         "cold_step_cpu": extras[0]["cpu_until_every_group_held_it"],
+        "cold_step_machine_busy_fraction": extras[0]["cpu_until_every_group_held_it"]["machine_busy_fraction"],
         "exposed_one_clock_cold_whole_step_report_s": (extras[1]["exposed_one_clock_s"] if whole_report_cold_step
                                                        else None),
         "exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 import numpy as np
 import transfer_queue as tq
+from process_cpu import machine_busy_fraction, machine_cpu_seconds
 from transfer_accounting import StepMeasurement, arm_report, compute_seconds
 from transfer_placement import DpAssignment, MicroBatch, assign_dp, plan_micro_batches
 from transfer_workload import (
@@ -115,12 +116,18 @@ class SampleLevelStep:
         self._plan = plan
         self._stored = stored
         self._readers = readers
+        self._machine_at_data: list[tuple[float, float]] = []
+        self.data_wait_machine_busy_fraction = 0.0  # the last step's, until its last group held its data
 
     async def run(self) -> StepMeasurement:
+        machine_at_start = machine_cpu_seconds()
+        self._machine_at_data = []
         started = time.time()
         config = self._plan.workload.config
         outcomes = await asyncio.gather(*(self._run_dp_group(dp_rank, started) for dp_rank in range(config.dp)))
         step_s = time.time() - started
+        self.data_wait_machine_busy_fraction = machine_busy_fraction(
+            machine_at_start, max(self._machine_at_data, key=lambda sample: sample[1]))
         return StepMeasurement(
             step_s=step_s,
             data_wait_s=tuple(outcome.data_wait_s for outcome in outcomes),
@@ -134,6 +141,7 @@ class SampleLevelStep:
         config = self._plan.workload.config
         ranks = config.topology.ranks_of_dp_group(dp_rank)
         per_rank = await asyncio.gather(*(self._read_rank(rank) for rank in ranks))
+        self._machine_at_data.append(machine_cpu_seconds())
         outcomes = [outcome for rank_outcomes in per_rank for outcome in rank_outcomes]
         # A rank that reads nothing (b-tp-shared, TP rank 1) is ready when its peer's forwarding is done.
         data_wait_s = max(outcome.ready_at for outcome in outcomes) - started
@@ -178,9 +186,11 @@ async def run_layout(
     logger.info("[%s] written in %.1f s", layout.arm_name, stored.write_s)
     runner = SampleLevelStep(plan, stored, readers)
     measured: list[StepMeasurement] = []
+    busy_fractions: list[float] = []
     try:
         for step in range(warmup_steps + steps):
             measurement = await runner.run()
+            busy_fractions.append(runner.data_wait_machine_busy_fraction)
             kind = "warm-up" if step < warmup_steps else "measured"
             logger.info(
                 "[%s] step %d (%s): %.2f s, exposed transfer %.2f s, %.1f MB moved",
@@ -209,6 +219,8 @@ async def run_layout(
             # the loop asking is the step's start, so the data wait is the one-clock figure; these arms have no
             # per-micro-batch take/release work (the whole mini-batch is in memory before micro-batch 0).
             "exposed_one_clock_cold_s": measured[0].exposed_transfer_s,
+            # the whole machine's, from the step's start until its last DP group held its data
+            "cold_step_machine_busy_fraction": busy_fractions[warmup_steps],
             "exposed_one_clock_steady_s_per_step": None,
             "exposed_from_plan_known_s_per_step": float(np.median([m.exposed_transfer_s for m in measured])),
             "write_s": stored.write_s,
