@@ -12,6 +12,8 @@ Per step:
    arm's writes are not);
 2. the metadata is reported, the last trajectory apart, and the clock starts as the last one's report goes out
    (an extra cold step reports the whole step at once inside its clock instead, this benchmark's clock before);
+   a cold step is reported half a second after the step before it ended, once the service has deleted that
+   step's units (TransferQueue's steps have no deletion beside them either);
    the service admits and dispatches the assignments. With ``report_ahead`` the
    next step's metadata is reported while this one trains (the rollouts run one mini-batch ahead, which the
    engine's ``max_batches_ahead`` of 1 allows), so the next mini-batch can be staged before the loop asks for
@@ -66,6 +68,8 @@ from knittrans.trainer import DeliveryMode, TrainerClient, TrainerSettings
 from knittrans.types import TokenSpan, TrajectoryMeta, VersionSegment
 
 logger = logging.getLogger("transfer_knittrans")
+
+SETTLE_BEFORE_COLD_STEP_S = 0.5
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -396,6 +400,11 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                 if step == warmup_steps:
                     before = cluster.statuses()  # the warm-up's reads are over: its records are in
                 if step not in reported:
+                    if warmup_steps <= step:  # a measured cold step
+                        # The step before it has just released its mini-batch: the service is deleting its
+                        # units, and the status calls above are still closing. TransferQueue's steps start with
+                        # none of that under way (its rows are cleared after its last step), so neither does this.
+                        time.sleep(SETTLE_BEFORE_COLD_STEP_S)
                     report(step)
                 if step in cpu_before:  # a cold step: the CPU every process used until every group held it
                     wait_first_microbatch(step)
