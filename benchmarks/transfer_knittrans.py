@@ -297,13 +297,13 @@ def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig, *, report
 def _cpu_meter(cluster: Cluster, trainers: Sequence[multiprocessing.process.BaseProcess]) -> CpuMeter:
     """The run's processes in groups: the service, the sidecars by role (one process hosting every consumer is
     one group), the DP-group processes, this driver and, on Mooncake, its master and segment owner."""
+    group_of_pid = {process.popen.pid: "encoder_sidecars" if consumer.role.startswith("encoder")
+                    else "backbone_sidecars" for consumer, process in cluster.sidecars.items()}
+    if len(group_of_pid) == 1:
+        group_of_pid = dict.fromkeys(group_of_pid, "sidecars")
     sidecars: dict[str, list[int]] = {}
-    for consumer, process in cluster.sidecars.items():
-        group = "encoder_sidecars" if consumer.role.startswith("encoder") else "backbone_sidecars"
-        if process.popen.pid not in {pid for pids in sidecars.values() for pid in pids}:
-            sidecars.setdefault(group, []).append(process.popen.pid)
-    if len(cluster.sidecars) > 1 and sum(map(len, sidecars.values())) == 1:
-        sidecars = {"sidecars": [pid for pids in sidecars.values() for pid in pids]}
+    for pid, group in group_of_pid.items():
+        sidecars.setdefault(group, []).append(pid)
     groups: dict[str, list[int]] = {"admission": [cluster.admission.popen.pid], **sidecars,
                                     "trainer_processes": [p.pid for p in trainers if p.pid is not None],
                                     "driver": [os.getpid()]}
@@ -531,10 +531,7 @@ class KnitTransClusters:
         store, what it was and the shared-memory segments its sidecars left (should be none)."""
         for store, cluster in self._clusters.items():
             self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop(keep_logs=keep_logs))
-            if not keep_logs:
-                self._described[store]["logs"] = None
-            else:
-                logger.info("the %s cluster's logs are kept in %s", store, cluster.directory)
+            self._described[store]["logs"] = str(cluster.directory) if keep_logs else None
         self._clusters.clear()
         return {**self._settings, "stores": self._described}
 

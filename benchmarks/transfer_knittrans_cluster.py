@@ -6,6 +6,7 @@ process does (``knittrans reorg serve --consumers ...``, one assignment stream f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +26,8 @@ from transfer_workload import WorkloadConfig
 from knittrans.shm import list_segments
 from knittrans.types import ConsumerId
 from knittrans.v1 import reorg_service_pb2, reorg_service_pb2_grpc
+
+logger = logging.getLogger("transfer_knittrans_cluster")
 
 KNITTRANS = str(Path(sys.executable).with_name("knittrans"))
 ENCODER = "vision"
@@ -127,7 +130,9 @@ class Cluster:
             self.mooncake.stop()
         elif self.store_url.startswith("file://"):
             shutil.rmtree(self.store_url.removeprefix("file://"), ignore_errors=True)
-        if not keep_logs:
+        if keep_logs:
+            logger.info("the cluster's logs are kept in %s", self.directory)
+        else:
             shutil.rmtree(self.directory, ignore_errors=True)
         return left
 

@@ -442,10 +442,7 @@ class RolesClusters:
     def close(self, *, keep_logs: bool = False) -> dict[str, Any]:
         for store, cluster in self._clusters.items():
             self._described[store]["shm_segments_left_after_shutdown"] = len(cluster.stop(keep_logs=keep_logs))
-            if not keep_logs:
-                self._described[store]["logs"] = None
-            else:
-                logger.info("the %s cluster's logs are kept in %s", store, cluster.directory)
+            self._described[store]["logs"] = str(cluster.directory) if keep_logs else None
         self._clusters.clear()
         return {"reference": dataclasses.asdict(self._reference), "field": FIELD,
                 "reference_forward_fraction": REFERENCE_FORWARD_FRACTION, "images": 0, "stores": self._described}
