@@ -1,5 +1,6 @@
-"""`knittrans demo --roles reference,actor`, shortened: a frozen reference role attaches ``ref_logprobs``, the actor
-trains with a KL term against them, and the demo's own checks (reference_fields_match among them) pass.
+"""The README's `knittrans demo --roles reference,actor`, shortened and otherwise verbatim: a frozen reference role
+attaches ``ref_logprobs``, the actor trains with a KL term against them, and the demo's own checks
+(reference_fields_match among them) pass.
 
 Beyond the demo's checks, this test recomputes what the actor received from outside: for every trained
 trajectory it reassembles the ``input_ids`` and the ``ref_logprobs`` the actor's CP ranks recorded, runs the
@@ -11,17 +12,16 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from knittrans.demo.model import initial_model
 from knittrans.demo.stack.report import check_reference, read_jsonl
-from tests.live_processes import running_with
+from tests.e2e.demo_runs import ROLES_DEMOS, check_demo_run, run_readme_demo
 
 
 def reassembled(pieces: list[dict], dtype: type) -> np.ndarray:
@@ -39,23 +39,15 @@ def initial_policy_label_logprobs(model: torch.nn.Module, tokens: np.ndarray) ->
     return np.append(logprobs.numpy(), 0.0)
 
 
-def test_demo_with_a_reference_role(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ROLES_DEMOS)
+def test_demo_with_a_reference_role(tmp_path: Path, command: str) -> None:
     out = tmp_path / "demo-out"
-    result = subprocess.run(
-        [sys.executable, "-m", "knittrans.cli", "demo", "--roles", "reference,actor", "--train-batches", "2",
-         "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=400,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_readme_demo(command, tmp_path)
+    report = check_demo_run(result, out)
     assert "reference fields match: yes" in result.stdout
-    report = json.loads((out / "report.json").read_text())
     checks = report["checks"]
-    assert checks["passed"] and checks["reference_fields_match"], checks
-    assert checks["trained_exactly_once"] and checks["quotas_held"] and checks["bytes_match"]
-    assert checks["images_match"] and checks["loss_decreased"]
-    details = checks["details"]
-    assert details["trained"] == details["admitted"] == details["reference_trajectories_checked"] == 64
-    assert report["bytes_read"] == report["bytes_needed"] > 0
-    assert running_with(str(out)) == []
+    assert checks["reference_fields_match"], checks
+    assert checks["details"]["reference_trajectories_checked"] == 64
 
     pieces = [p for rank in range(4) for p in read_jsonl(out / f"received-rank{rank}.jsonl")]
     by_trajectory: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))

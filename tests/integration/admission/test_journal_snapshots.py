@@ -297,7 +297,7 @@ def test_a_restart_on_a_snapshot_keeps_the_checkpoint_the_expiring_reservations_
     config = tmp_path / "admission.yaml"
     config.write_text(yaml.safe_dump({
         "job": job, "state": redis_server.url, "store": f"file://{store_path}", "snapshot_every_records": 1,
-        "retain_until_checkpoint": True, "unreported_unit_ttl_seconds": 20.0,
+        "retain_until_checkpoint": True, "unreported_unit_ttl_seconds": 8.0,
         "engine": {"train_batch_size": 8, "num_minibatches": 4, "sources": SOURCES},
         "topology": {"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 4096}},
         "server": {"port": 0, "metrics": {"port": -1}},

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,9 @@ from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.errors import MiniBatchFailed
 from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake, start_segment_owner
+from knittrans.reorg.settings import ReorgSettings
 from knittrans.rollout import RolloutClient
+from knittrans.shm import list_segments
 from knittrans.store.factory import open_store
 from knittrans.trainer import TrainerClient, TrainerSettings
 from knittrans.types import TrajectoryMeta, VersionSegment
@@ -146,4 +149,50 @@ def test_the_store_process_dying_fails_the_minibatch_naming_the_unit(tmp_path: P
             process.stop()
         for owner in owners:
             owner.stop()
+        cluster.stop()
+
+
+def test_a_sidecar_stopped_while_its_read_hangs_exits_and_removes_its_segments(tmp_path: Path) -> None:
+    """A killed job's processes all get SIGTERM at once, so a sidecar may be stopped while its store read waits
+    on a segment owner that no longer answers. Here the owner is frozen (SIGSTOP) under the read, which then
+    waits for Mooncake's transfer time-out. The sidecar must still exit at once on SIGTERM, with its shared memory
+    and socket gone, and without freeing the memory the read writes into (that would crash it)."""
+    job = f"mh{uuid.uuid4().hex[:8]}"
+    cluster = start_mooncake(MooncakeClusterConfig(segment_size=SEGMENT, lease_ttl_ms=200),
+                             log_dir=tmp_path / "mooncake")
+    processes = []
+    try:
+        admission = start_admission(tmp_path, job=job, store=cluster.store_url, topology=TOPOLOGY,
+                                    train_batch_size=2, num_minibatches=1)
+        processes.append(admission)
+        address = admission.ready["address"]
+        sidecar = start_sidecar(tmp_path, job=job, store=cluster.store_url, admission=address, dp_rank=0,
+                                cp_rank=0, settings={"read_retry_seconds": 3600.0})
+        processes.append(sidecar)
+        prefix = ReorgSettings(job=job, store=cluster.store_url).segment_prefix
+        store = open_store(cluster.store_url, job=job)
+        try:
+            written = submit(RolloutClient(store, namespace=job), range(0, 2))
+        finally:
+            store.close()
+        os.kill(cluster.owner.pid, signal.SIGSTOP)
+        with AdmissionClient(address, deadline=timedelta(seconds=10)) as client:
+            client.report([meta for meta, _ in written.values()])
+            deadline = time.monotonic() + 60
+            while client.status().admitted_total < 2:
+                assert time.monotonic() < deadline, admission.tail()
+                time.sleep(0.05)
+        time.sleep(2.0)  # the assignment reaches the sidecar in milliseconds; its read then waits on the owner
+        assert list_segments(prefix), "the sidecar has no ring to remove"
+
+        sidecar.signal(signal.SIGTERM)
+        code = sidecar.popen.wait(timeout=60)  # a liveness bound: before, it waited for the read to fail
+        assert code == 0, sidecar.tail()
+        assert "a store call is still in flight" in sidecar.log.read_text(), sidecar.tail()
+        assert list_segments(prefix) == []
+        assert not Path(sidecar.ready["address"].removeprefix("unix:")).exists()
+    finally:
+        os.kill(cluster.owner.pid, signal.SIGCONT)
+        for process in reversed(processes):
+            process.stop()
         cluster.stop()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from knittrans.errors import StoreFullError, Unavailable, UnitNotFound
+from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
 from knittrans.launch.ports import free_port
 from knittrans.store.arrays import array_bytes, header_of
 from knittrans.store.factory import open_store
@@ -252,3 +253,26 @@ def test_a_key_deleted_under_a_lease_can_be_written_again_with_new_content(launc
         store.delete_many([new.key])
     finally:
         store.close()
+
+
+def test_closing_a_store_whose_master_died_does_not_wait_out_the_leases(tmp_path):
+    """A killed job's processes all stop at once, Mooncake's master among them. A client that still owes the
+    removal of leased units then gets no answer from anyone: its close() must stop waiting for the leases at the
+    first unanswered round, not after ``lease_retry_seconds``."""
+    cluster = start_mooncake(MooncakeClusterConfig(segment_size=32 * MIB, lease_ttl_ms=600_000), log_dir=tmp_path)
+    store = MooncakeUnitStore(mooncake_store_config(cluster, lease_retry_seconds=3600.0))
+    try:
+        write, array = mib_unit("orphan/a", 21)
+        store.put_many([write])
+        store.get_into(write.key, np.empty_like(array))  # leased for ten minutes
+        store.delete_many([write.key])
+        assert store.pending_removals() == 1
+        cluster.master.kill()
+        cluster.master.wait()
+        closing = threading.Thread(target=store.close, daemon=True)
+        closing.start()
+        closing.join(timeout=120)  # a liveness bound, far below the hour it waited for before
+        assert not closing.is_alive(), "close() still waits for a lease the dead master cannot end"
+        assert store.pending_removals() == 1  # left in the store, and said so
+    finally:
+        cluster.stop()

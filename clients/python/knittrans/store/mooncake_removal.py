@@ -42,6 +42,9 @@ class LeasedRemovals:
         self._changed = threading.Condition(threading.Lock())
         self._reaper: threading.Thread | None = None
         self._stop_reaping = False
+        # The reaper's last round got no answer about any key (the master is gone or unreachable): waiting for
+        # leases to end is then pointless, and a stopping process must not wait out the whole bound for it.
+        self._unreachable = False
 
     def pending(self, keys: Iterable[UnitKey]) -> set[UnitKey]:
         """Which of ``keys`` are deleted but not removed yet (to the store, they no longer exist)."""
@@ -55,6 +58,7 @@ class LeasedRemovals:
     def schedule(self, keys: Sequence[UnitKey]) -> None:
         with self._changed:
             self._pending.update(dict.fromkeys(keys))
+            self._unreachable = False  # until the reaper asks about these too
             if self._reaper is None:  # the reaper clears this under the same lock when it ends
                 self._reaper = threading.Thread(target=self._reap, name="knittrans-mooncake-removal", daemon=True)
                 self._reaper.start()
@@ -64,9 +68,13 @@ class LeasedRemovals:
     def wait_removed(self, keys: Sequence[UnitKey]) -> None:
         wanted = set(keys)
         with self._changed:
-            done = self._changed.wait_for(lambda: wanted.isdisjoint(self._pending), timeout=self._lease_retry_seconds)
-            if not done:
-                still = sorted(wanted.intersection(self._pending))
+            self._changed.wait_for(lambda: wanted.isdisjoint(self._pending) or self._unreachable,
+                                   timeout=self._lease_retry_seconds)
+            still = sorted(wanted.intersection(self._pending))
+            if still and self._unreachable:
+                raise StoreError(f"{len(still)} deleted units cannot be removed: the store does not answer",
+                                 field=still[0])
+            if still:
                 raise StoreError(f"{len(still)} deleted units are still leased after "
                                  f"{self._lease_retry_seconds:.1f}s", field=still[0])
 
@@ -96,16 +104,19 @@ class LeasedRemovals:
                 )
 
     def drain(self) -> None:
-        """Give leased removals up to ``lease_retry_seconds`` to finish, then stop the reaper."""
+        """Give leased removals up to ``lease_retry_seconds`` to finish (no time at all once the store stops
+        answering), then stop the reaper."""
         with self._changed:
-            self._changed.wait_for(lambda: not self._pending, timeout=self._lease_retry_seconds)
+            self._changed.wait_for(lambda: not self._pending or self._unreachable, timeout=self._lease_retry_seconds)
             left = len(self._pending)
             self._stop_reaping = True
             self._changed.notify_all()
             reaper = self._reaper
         if reaper is not None:
             reaper.join()
-        if left:
+        if left and self._unreachable:
+            logger.warning("%d deleted units stay in the store: it does not answer", left)
+        elif left:
             logger.warning("%d deleted units were still leased after %.1fs and stay in the store", left,
                            self._lease_retry_seconds)
 
@@ -136,6 +147,7 @@ class LeasedRemovals:
                 for key, code in zip(keys, codes, strict=True):
                     if code in _REMOVED:
                         self._pending.pop(key, None)
+                self._unreachable = len(unexpected) == len(keys)
                 self._changed.notify_all()  # wakes drain() and wait_removed()
                 if not self._pending:
                     continue

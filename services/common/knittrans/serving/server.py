@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +129,14 @@ def write_ready_file(path: Path, ready: Mapping[str, Any]) -> None:
     temporary.replace(path)
 
 
+# After a graceful stop, how long threads still inside a blocking call may take before the process exits
+# without them.
+EXIT_WAIT_SECONDS = 2.0
+
+
 def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]]) -> int:
-    """Run ``main(stop_event)`` on uvloop; SIGTERM and SIGINT set the event for a graceful shutdown."""
+    """Run ``main(stop_event)`` on uvloop; SIGTERM and SIGINT set the event for a graceful shutdown. An entry
+    point's: it may end the process itself (see :func:`exit_past_blocked_threads`)."""
     import uvloop
 
     async def runner() -> int:
@@ -136,4 +146,28 @@ def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, int]
             loop.add_signal_handler(signum, stop.set)
         return await main(stop)
 
-    return uvloop.run(runner())
+    code = uvloop.run(runner())
+    exit_past_blocked_threads(code, EXIT_WAIT_SECONDS)
+    return code
+
+
+def exit_past_blocked_threads(code: int, wait_seconds: float) -> None:
+    """Exit with ``code`` now if a thread is still inside a call ``wait_seconds`` after the graceful stop.
+
+    The stop has already removed what the process made (segments, sockets, leases). What can be left is a store
+    call into a peer that died with the job, which returns only after the store's own time-out, and Python's
+    exit would join that thread first, so a stopped server would linger for it."""
+    deadline = time.monotonic() + wait_seconds
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+    blocked = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
+               and t.is_alive()]
+    if not blocked:
+        return
+    logger.warning("exiting with %d threads still in blocking calls after the stop: %s", len(blocked),
+                   ", ".join(blocked))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -183,11 +183,19 @@ class RunningReorg:
             if not isinstance(exc, asyncio.CancelledError):
                 logger.info("pipeline ended with %r", exc)
         await self.server.stop(grace)
-        await self.sidecar.ring.close()
-        await self.sidecar.close()
-        await self._source.close()
-        if self._close_store:
-            self._store.close()
+        if await self.sidecar.stop_reading(timeout=grace):
+            await self.sidecar.ring.close()
+            await self.sidecar.close()
+            await self._source.close()
+            if self._close_store:
+                self._store.close()
+        else:
+            # Only the names go: the memory stays mapped, and registered, for the store call still writing into
+            # it, until this process exits. The call itself may wait out the store's own time-out.
+            logger.warning("a store call is still in flight %.1fs after the stop; leaving it to this process's exit",
+                           grace)
+            await self.sidecar.ring.close(unregister=False)
+            await self._source.close()
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:

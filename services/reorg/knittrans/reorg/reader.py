@@ -9,6 +9,7 @@ admission service still holds, so it means lost data and must surface).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -44,12 +45,13 @@ class MicroBatchReader:
         *,
         retry_seconds: float = 30.0,
         clock: Callable[[], float] = time.perf_counter,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self._store = store
         self._retry_seconds = retry_seconds
         self._clock = clock
-        self._sleep = sleep
+        self._abandoned = threading.Event()
+        self._sleep = sleep or self._abandoned.wait
         self._scratch = np.zeros(0, dtype=np.uint8)
         self.read_calls = 0
 
@@ -87,10 +89,12 @@ class MicroBatchReader:
                 raise
             except StoreError as error:
                 delay = backoff.next_delay()
-                if delay is None:
+                if delay is None or self._abandoned.is_set():
                     raise
                 logger.warning("store read failed (%s); retrying in %.2fs", error, delay)
                 self._sleep(delay)
+                if self._abandoned.is_set():
+                    raise
         moved = self._store.stats.snapshot().moved_bytes - before
         if reads:
             self.read_calls += 1
@@ -99,6 +103,10 @@ class MicroBatchReader:
                 raise StoreError(f"read {count} bytes, the plan needs {placement.byte_length}", field=placement.key)
         return ReadOutcome(bytes_needed=layout.needed_bytes, bytes_read=moved, seconds=self._clock() - started,
                            attempts=attempts)
+
+    def abandon(self) -> None:
+        """Retry no more: the sidecar is stopping. A read that fails from now on raises its error at once."""
+        self._abandoned.set()
 
     def close(self) -> None:
         if self._scratch.nbytes:

@@ -292,8 +292,8 @@ class SharedMemoryRing(Generic[D]):
         logger.debug("slot %d has segment %s of %d bytes", slot, segment.name, wanted)
         return segment
 
-    def _drop_segment(self, segment: OwnedSegment) -> None:
-        if self._removed is not None:
+    def _drop_segment(self, segment: OwnedSegment, *, unregister: bool = True) -> None:
+        if unregister and self._removed is not None:
             try:
                 self._removed(segment.buf)
             except Exception:
@@ -357,12 +357,14 @@ class SharedMemoryRing(Generic[D]):
         self._core.hand_out(found[0], tp_rank)
         return found[1]
 
-    async def close(self) -> None:
-        """Unlink every segment; waiters wake up and get nothing."""
+    async def close(self, *, unregister: bool = True) -> None:
+        """Unlink every segment; waiters wake up and get nothing. ``unregister=False`` leaves the segments
+        registered with the store: a store call still in flight may write into them, and the store would make
+        their unregistering wait for it."""
         self._closed = True
         for slot, segment in enumerate(self._segments):
             if segment is not None:
-                self._drop_segment(segment)
+                self._drop_segment(segment, unregister=unregister)
                 self._segments[slot] = None
         remove_segments(self._prefix)
         await self._notify()

@@ -504,8 +504,19 @@ class Sidecar:
             self.acknowledged_sequence = max(self.acknowledged_sequence, sequence)
             logger.debug("%s: acknowledged sequence %d", self.consumer, sequence)
 
+    async def stop_reading(self, timeout: float) -> bool:
+        """Start no more store calls and retry none, then wait up to ``timeout`` for those in flight; True once
+        none is. A read from a store whose peers died (a killed job stops all at once) can take Mooncake's
+        transfer time-out to fail, and the caller must not free the buffers it writes into before then."""
+        self._reader.abandon()
+        drained = []
+        for executor in (self._verifier, self._executor):
+            drained.append(asyncio.wrap_future(executor.submit(lambda: None)))  # runs after the work in flight
+            executor.shutdown(wait=False, cancel_futures=False)
+        done, _ = await asyncio.wait(drained, timeout=timeout)
+        return len(done) == len(drained)
+
     async def close(self) -> None:
-        self._verifier.shutdown(wait=True, cancel_futures=True)
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """After :meth:`stop_reading` returned True."""
         self._reader.close()
 
