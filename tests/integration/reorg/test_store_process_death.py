@@ -167,7 +167,8 @@ def test_a_sidecar_stopped_while_its_read_hangs_exits_and_removes_its_segments(t
         processes.append(admission)
         address = admission.ready["address"]
         sidecar = start_sidecar(tmp_path, job=job, store=cluster.store_url, admission=address, dp_rank=0,
-                                cp_rank=0, settings={"read_retry_seconds": 3600.0})
+                                cp_rank=0, settings={"read_retry_seconds": 3600.0,
+                                                     "server": {"grace_seconds": 1.0, "metrics": {"port": -1}}})
         processes.append(sidecar)
         prefix = ReorgSettings(job=job, store=cluster.store_url).segment_prefix
         store = open_store(cluster.store_url, job=job)
