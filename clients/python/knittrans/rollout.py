@@ -60,7 +60,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
@@ -71,21 +71,10 @@ from knittrans.blocking import run_to_completion
 from knittrans.client.model import ReportResult
 from knittrans.errors import InvalidArgument
 from knittrans.reservations import ReserveResult, UnitReservation
-from knittrans.retry import retry_call
 from knittrans.store.arrays import to_numpy
 from knittrans.store.keys import check_simple_name, multimodal_unit_key, trajectory_unit_key
 from knittrans.store.protocol import UnitStore, UnitWrite
-from knittrans.submission import (
-    DEFAULT_STORE_RETRY_SECONDS,
-    PUT_RETRY,
-    Discard,
-    QueuedDespiteEarlierFailure,
-    check_store_retry_seconds,
-    discard_rejected,
-    log_put_retry,
-    store_and_report,
-    transient_store_failure,
-)
+from knittrans.submission import Discard, QueuedDespiteEarlierFailure, discard_rejected, store_and_report
 from knittrans.submitted_values import checked_values, is_scalar, response_field_names, scalar_value
 from knittrans.types import (
     Coverage,
@@ -191,12 +180,10 @@ class _Split:
 class BlockingSubmitIO:
     """The sync client's :class:`~knittrans.submission.SubmitIO`: every call blocks, none suspends."""
 
-    def __init__(self, store: UnitStore, reporter: MetadataReporter | None, *, discard: Discard,
-                 store_retry_seconds: float = DEFAULT_STORE_RETRY_SECONDS) -> None:
+    def __init__(self, store: UnitStore, reporter: MetadataReporter | None, *, discard: Discard) -> None:
         self._store = store
         self._reporter = reporter
         self._discard = discard
-        self._put_retry = replace(PUT_RETRY, deadline=store_retry_seconds)
         self._reports_rejections = reporter is not None and "discard" in inspect.signature(reporter.report).parameters
         self._reserver = reporter if isinstance(reporter, UnitReserver) else None
 
@@ -210,9 +197,7 @@ class BlockingSubmitIO:
             self._reserver.cancel_reservations(trajectory_ids)
 
     async def put_many(self, writes: Sequence[UnitWrite], created: list[UnitKey]) -> None:
-        result = retry_call(lambda: self._store.put_many(writes), policy=self._put_retry,
-                            retryable=transient_store_failure, on_retry=log_put_retry)
-        created.extend(result.created)
+        created.extend(self._store.put_many(writes).created)
 
     async def delete_many(self, keys: Sequence[UnitKey]) -> None:
         self._store.delete_many(keys)
@@ -242,21 +227,17 @@ class RolloutClient:
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         clock: Callable[[], float] = time.time,
         closes: Sequence[Closeable] = (),
-        store_retry_seconds: float = DEFAULT_STORE_RETRY_SECONDS,
     ) -> None:
-        """``closes``: what :meth:`close` closes, in order (what :meth:`from_env` opened for this client).
-        ``store_retry_seconds``: how long a unit write is retried after transient store failures."""
+        """``closes``: what :meth:`close` closes, in order (what :meth:`from_env` opened for this client)."""
         check_simple_name(namespace, "namespace")
         if not isinstance(batch_bytes, int) or batch_bytes < 1:
             raise InvalidArgument(f"must be a positive integer, got {batch_bytes!r}", field="batch_bytes")
-        check_store_retry_seconds(store_retry_seconds)
         self._store = store
         self._namespace = namespace
         self._reporter = reporter
         self._batch_bytes = batch_bytes
         self._clock = clock
-        self._io = BlockingSubmitIO(store, reporter, discard=self._discard_rejected,
-                                    store_retry_seconds=store_retry_seconds)
+        self._io = BlockingSubmitIO(store, reporter, discard=self._discard_rejected)
         self._closes = tuple(closes)
 
     @classmethod

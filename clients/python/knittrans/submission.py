@@ -17,36 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from knittrans.client.model import ReportOutcome, ReportResult
-from knittrans.errors import Conflict, InvalidArgument, StoreError, Unavailable
+from knittrans.errors import Conflict, InvalidArgument
 from knittrans.reservations import UnitReservation
-from knittrans.retry import RetryPolicy
 from knittrans.store.protocol import UnitWrite
 from knittrans.types import TrajectoryId, TrajectoryMeta, UnitKey
 
 logger = logging.getLogger(__name__)
-# How a unit write is retried after a transient store failure, for the client's ``store_retry_seconds``: a
-# Mooncake master keeps placing units in a segment whose owner died until it drops that owner (its client_ttl),
-# and a store may be restarting. Writes are idempotent (a unit already stored with the same content counts as
-# written), and a failed write leaves nothing of itself.
-PUT_RETRY = RetryPolicy(initial=0.1, cap=2.0, jitter=0.2)
-DEFAULT_STORE_RETRY_SECONDS = 30.0
-
-
-def transient_store_failure(error: BaseException) -> bool:
-    """A failure another attempt may not meet: not a full store (retried by the store itself), not a conflict,
-    a missing unit or a bad argument, which no retry changes."""
-    return type(error) is StoreError or isinstance(error, Unavailable)
-
-
-def check_store_retry_seconds(seconds: float) -> None:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
-        raise InvalidArgument(f"must be a finite number of seconds, 0 or more, got {seconds!r}",
-                              field="store_retry_seconds")
-
-
-def log_put_retry(error: BaseException) -> None:
-    logger.warning("writing units failed (%s); retrying", error)
-
 
 Discard = Callable[[Sequence[TrajectoryMeta]], None]
 

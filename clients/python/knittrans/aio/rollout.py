@@ -26,21 +26,13 @@ import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from knittrans.client.model import ReportResult
 from knittrans.reservations import ReserveResult, UnitReservation
-from knittrans.retry import retry_call_async
 from knittrans.rollout import DEFAULT_BATCH_BYTES, MultimodalInput, RolloutClient, Trajectory
 from knittrans.store.protocol import UnitStore, UnitWrite
-from knittrans.submission import (
-    DEFAULT_STORE_RETRY_SECONDS,
-    PUT_RETRY,
-    log_put_retry,
-    store_and_report,
-    transient_store_failure,
-)
+from knittrans.submission import store_and_report
 from knittrans.types import FieldAlignment, TrajectoryId, TrajectoryMeta, UnitKey, VersionSegment
 
 T = TypeVar("T")
@@ -62,10 +54,8 @@ class AsyncUnitReserver(Protocol):
 class ExecutorSubmitIO:
     """The async client's :class:`~knittrans.submission.SubmitIO`: store calls in an executor, reports awaited."""
 
-    def __init__(self, store: UnitStore, reporter: AsyncMetadataReporter | None, executor: Executor | None, *,
-                 store_retry_seconds: float = DEFAULT_STORE_RETRY_SECONDS) -> None:
+    def __init__(self, store: UnitStore, reporter: AsyncMetadataReporter | None, executor: Executor | None) -> None:
         self._store = store
-        self._put_retry = replace(PUT_RETRY, deadline=store_retry_seconds)
         self._reporter = reporter
         self._reserver = reporter if isinstance(reporter, AsyncUnitReserver) else None
         self._executor = executor
@@ -90,11 +80,7 @@ class ExecutorSubmitIO:
             await self._reserver.cancel_reservations(trajectory_ids)
 
     async def put_many(self, writes: Sequence[UnitWrite], created: list[UnitKey]) -> None:
-        async def attempt() -> None:  # each attempt in the executor; the waits between them on the loop
-            await self.run(lambda: created.extend(self._store.put_many(writes).created))
-
-        await retry_call_async(attempt, policy=self._put_retry, retryable=transient_store_failure,
-                               on_retry=log_put_retry)
+        await self.run(lambda: created.extend(self._store.put_many(writes).created))
 
     async def delete_many(self, keys: Sequence[UnitKey]) -> None:
         await self.run(lambda: self._store.delete_many(keys))
@@ -116,12 +102,10 @@ class AsyncRolloutClient:
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         clock: Callable[[], float] = time.time,
         executor: Executor | None = None,
-        store_retry_seconds: float = DEFAULT_STORE_RETRY_SECONDS,
     ) -> None:
-        self._splitter = RolloutClient(store, namespace=namespace, batch_bytes=batch_bytes, clock=clock,
-                                       store_retry_seconds=store_retry_seconds)
+        self._splitter = RolloutClient(store, namespace=namespace, batch_bytes=batch_bytes, clock=clock)
         self._batch_bytes = batch_bytes
-        self._io = ExecutorSubmitIO(store, reporter, executor, store_retry_seconds=store_retry_seconds)
+        self._io = ExecutorSubmitIO(store, reporter, executor)
 
     @property
     def store(self) -> UnitStore:
