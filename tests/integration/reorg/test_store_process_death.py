@@ -26,7 +26,7 @@ import pytest
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.errors import MiniBatchFailed
-from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake, start_segment_owner
+from knittrans.launch.mooncake import MooncakeCluster, MooncakeClusterConfig, start_mooncake, start_segment_owner
 from knittrans.reorg.settings import ReorgSettings
 from knittrans.rollout import RolloutClient
 from knittrans.shm import list_segments
@@ -34,7 +34,7 @@ from knittrans.store.factory import open_store
 from knittrans.trainer import TrainerClient, TrainerSettings
 from knittrans.types import TrajectoryMeta, VersionSegment
 
-from .processes import start_admission, start_sidecar
+from .processes import Process, start_admission, start_sidecar
 
 MIB = 1 << 20
 SEGMENT = 64 * MIB
@@ -87,21 +87,30 @@ def consume_intact(minibatches: Iterator, written: dict[str, tuple[TrajectoryMet
     assert sorted(seen) == sorted(written)
 
 
+def start_service_and_sidecar(tmp_path: Path, job: str, cluster: MooncakeCluster, processes: list[Process], *,
+                              sidecar_settings: dict) -> tuple[Process, Process]:
+    """The admission service (mini-batches of two trajectories) and the one sidecar of TOPOLOGY on the cluster's
+    store, each appended to ``processes`` as it starts, so the caller stops whatever did."""
+    admission = start_admission(tmp_path, job=job, store=cluster.store_url, topology=TOPOLOGY,
+                                train_batch_size=2, num_minibatches=1)
+    processes.append(admission)
+    sidecar = start_sidecar(tmp_path, job=job, store=cluster.store_url, admission=admission.ready["address"],
+                            dp_rank=0, cp_rank=0, settings=sidecar_settings)
+    processes.append(sidecar)
+    return admission, sidecar
+
+
 def test_the_store_process_dying_fails_the_minibatch_naming_the_unit(tmp_path: Path) -> None:
     job = f"md{uuid.uuid4().hex[:8]}"
     # The master drops a silent owner's segment after client_ttl_s: until then it still lists the dead units.
     cluster = start_mooncake(MooncakeClusterConfig(segment_size=SEGMENT, lease_ttl_ms=200, client_ttl_s=2),
                              log_dir=tmp_path / "mooncake")
-    processes = []
+    processes: list[Process] = []
     owners = []
     try:
-        admission = start_admission(tmp_path, job=job, store=cluster.store_url, topology=TOPOLOGY,
-                                    train_batch_size=2, num_minibatches=1)
-        processes.append(admission)
+        admission, sidecar = start_service_and_sidecar(tmp_path, job, cluster, processes,
+                                                       sidecar_settings={"read_retry_seconds": 2.0})
         address = admission.ready["address"]
-        sidecar = start_sidecar(tmp_path, job=job, store=cluster.store_url, admission=address, dp_rank=0,
-                                cp_rank=0, settings={"read_retry_seconds": 2.0})
-        processes.append(sidecar)
         store = open_store(cluster.store_url, job=job)
         rollout = RolloutClient(store, namespace=job)
         client = AdmissionClient(address, deadline=timedelta(seconds=10))
@@ -160,16 +169,12 @@ def test_a_sidecar_stopped_while_its_read_hangs_exits_and_removes_its_segments(t
     job = f"mh{uuid.uuid4().hex[:8]}"
     cluster = start_mooncake(MooncakeClusterConfig(segment_size=SEGMENT, lease_ttl_ms=200),
                              log_dir=tmp_path / "mooncake")
-    processes = []
+    processes: list[Process] = []
     try:
-        admission = start_admission(tmp_path, job=job, store=cluster.store_url, topology=TOPOLOGY,
-                                    train_batch_size=2, num_minibatches=1)
-        processes.append(admission)
+        admission, sidecar = start_service_and_sidecar(
+            tmp_path, job, cluster, processes,
+            sidecar_settings={"read_retry_seconds": 3600.0, "server": {"grace_seconds": 1.0, "metrics": {"port": -1}}})
         address = admission.ready["address"]
-        sidecar = start_sidecar(tmp_path, job=job, store=cluster.store_url, admission=address, dp_rank=0,
-                                cp_rank=0, settings={"read_retry_seconds": 3600.0,
-                                                     "server": {"grace_seconds": 1.0, "metrics": {"port": -1}}})
-        processes.append(sidecar)
         prefix = ReorgSettings(job=job, store=cluster.store_url).segment_prefix
         store = open_store(cluster.store_url, job=job)
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from knittrans.errors import StoreFullError, Unavailable, UnitNotFound
+from knittrans.errors import StoreError, StoreFullError, Unavailable, UnitNotFound
 from knittrans.launch.mooncake import MooncakeClusterConfig, start_mooncake
 from knittrans.launch.ports import free_port
 from knittrans.store.arrays import array_bytes, header_of
@@ -269,6 +269,19 @@ def test_closing_a_store_whose_master_died_does_not_wait_out_the_leases(tmp_path
         assert store.pending_removals() == 1
         cluster.master.kill()
         cluster.master.wait()
+        # What the admission service's deleter waits on: it must fail, naming the unit, not wait out the hour.
+        waited: queue.Queue = queue.Queue()
+
+        def wait_removed() -> None:
+            try:
+                store.wait_removed([write.key])
+                waited.put(None)
+            except Exception as exc:
+                waited.put(exc)
+
+        threading.Thread(target=wait_removed, daemon=True).start()
+        error = waited.get(timeout=120)  # a liveness bound, far below the hour
+        assert isinstance(error, StoreError) and error.field == write.key, error
         closing = threading.Thread(target=store.close, daemon=True)
         closing.start()
         closing.join(timeout=120)  # a liveness bound, far below the hour it waited for before
