@@ -36,6 +36,8 @@ class Staged:
 class MicroBatch:
     """One packed micro-batch: ``micro["input_ids"]`` and friends (see :mod:`knittrans.reorg.packing`)."""
 
+    __slots__ = ("_staged",)
+
     def __init__(self, staged: Staged) -> None:
         self._staged = staged
 
@@ -308,6 +310,9 @@ class MiniBatch:
         self._pass_done()
 
     def _micro_batches(self) -> Iterator[MicroBatch]:
+        # Between two micro-batches the training loop waits for this code: calls that would do nothing are skipped
+        # (keeping copies takes several passes; a staged copy without a CUDA event is ready as it is).
+        keep = self.passes > 1
         staged = self._first
         try:
             while True:
@@ -318,8 +323,10 @@ class MiniBatch:
                     raise staged.failure
                 self._current = staged
                 self._last_seen = staged.descriptor
-                self._keep(staged)
-                self._feed.ready_for_use(staged)
+                if keep:
+                    self._keep(staged)
+                if staged.event is not None:
+                    self._feed.ready_for_use(staged)
                 yield MicroBatch(staged)
                 self._let_go(staged)
                 self._current = None

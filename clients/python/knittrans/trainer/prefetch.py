@@ -2,9 +2,10 @@
 
 The prefetch thread long-polls the sidecar (``NextMicroBatch``) and stages what it publishes ahead of the
 training loop, at most ``prefetch`` micro-batches deep; the training loop takes them in order. The release
-thread frees consumed slots, so that an RPC costs the training loop nothing; it frees the ones the loop let go of
-on a tick (``release_interval_seconds``, see :class:`~knittrans.trainer.settings.TrainerSettings`), or at once
-when the loop waits for data. While the loop waits for data and nothing is held, the release thread does not
+thread frees consumed slots, so that an RPC costs the training loop nothing, and then drops what it held of
+them, so that freeing their tensors and descriptors costs the loop nothing either. It frees the ones the loop let
+go of on a tick (``release_interval_seconds``, see :class:`~knittrans.trainer.settings.TrainerSettings`), or at
+once when the loop waits for data. While the loop waits for data and nothing is held, the release thread does not
 tick: a trainer waiting for rollouts (often most of an RL step) would otherwise wake it a hundred times a second
 per client for nothing. The loop's next let-go wakes it. A sidecar that restarts publishes
 again what this rank may already have taken: that is released and skipped, by (sequence, micro-batch index).
@@ -54,7 +55,11 @@ logger = logging.getLogger(__name__)
 SIDECAR_RETRY = RetryPolicy(initial=0.02, cap=0.5)  # while the sidecar does not answer (restarting?)
 
 _END = object()
-_WAKE = ("", 0, 0.0)  # put on the release queue to make an idle release thread tick again; frees nothing
+# A slot to free: (incarnation, ticket, seconds the loop waited for it, what the release thread lets go of after
+# the RPC: the Staged the training loop let go of, so that its tensors and descriptor are not freed on the loop's
+# thread when it drops the micro-batch as it takes the next one, or None).
+_Release = tuple[str, int, float, Staged | None]
+_WAKE: _Release = ("", 0, 0.0, None)  # put on the release queue to make an idle release thread tick again
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,8 @@ class Prefetcher:
             for _ in range(settings.prefetch):
                 self._room.put(None)
         self._stop = threading.Event()
-        self._release_queue: queue.SimpleQueue[tuple[str, int, float] | None] = queue.SimpleQueue()
-        self._held: deque[tuple[str, int, float]] = deque()  # let go of by the loop; freed on the next tick
+        self._release_queue: queue.SimpleQueue[_Release | None] = queue.SimpleQueue()
+        self._held: deque[_Release] = deque()  # let go of by the loop; freed on the next tick
         self._loop_waiting = False  # the loop waits for data, so it lets go of nothing until it has some
         self._release_idle = False  # the release thread waits without a tick: a let-go must wake it
         self._interrupt = interrupt
@@ -217,7 +222,7 @@ class Prefetcher:
         if staged.released:
             return
         staged.released = True
-        self._send_release(staged.descriptor, waited=staged.waited)
+        self._send_release(staged.descriptor, waited=staged.waited, keep=staged)
 
     def let_go(self, staged: Staged) -> None:
         """The training loop is done with ``staged``: its slot is freed on the release thread's next tick, or now
@@ -228,7 +233,7 @@ class Prefetcher:
             self.release(staged)
             return
         staged.released = True
-        self._held.append((staged.descriptor.incarnation, staged.descriptor.ticket, staged.waited))
+        self._held.append((staged.descriptor.incarnation, staged.descriptor.ticket, staged.waited, staged))
         if self._release_idle:  # read after the append: see _next_release
             self._release_queue.put(_WAKE)
 
@@ -403,8 +408,8 @@ class Prefetcher:
 
     # ---- the release thread ------------------------------------------------------------------------------
 
-    def _send_release(self, descriptor: MicroBatchDescriptor, *, waited: float) -> None:
-        self._release_queue.put((descriptor.incarnation, descriptor.ticket, waited))
+    def _send_release(self, descriptor: MicroBatchDescriptor, *, waited: float, keep: Staged | None = None) -> None:
+        self._release_queue.put((descriptor.incarnation, descriptor.ticket, waited, keep))
 
     def _free_held(self) -> None:
         """Queue what the loop let go of, to be freed now (from the loop's thread, this wakes the release thread)."""
@@ -414,7 +419,7 @@ class Prefetcher:
             except IndexError:
                 return
 
-    def _next_release(self) -> tuple[str, int, float] | None:
+    def _next_release(self) -> _Release | None:
         """The next slot to free: one queued, or on the tick, those held back. Without a tick while the loop waits
         for data with nothing held. The idle flag is set before the held slots are looked at again and read by
         :meth:`let_go` after its append, so a let-go either is seen here or finds the flag and wakes the thread."""
@@ -435,7 +440,7 @@ class Prefetcher:
     def _release_loop(self) -> None:
         tp_rank = self._settings.tp_rank
         while (item := self._next_release()) is not None:
-            incarnation, ticket, waited = item
+            incarnation, ticket, waited, staged = item
             request = pb.ReleaseMicroBatchRequest(request_id=f"{incarnation}/{ticket}/{tp_rank}", tp_rank=tp_rank,
                                                   ticket=ticket, waited_seconds=waited, incarnation=incarnation)
             try:
@@ -443,3 +448,6 @@ class Prefetcher:
             except grpc.RpcError as error:
                 # A sidecar that is gone has no slot to free; the prefetch thread reports it if it stays gone.
                 logger.debug("release of ticket %d failed: %s", ticket, error.code().name)
+            # The last references to what the loop let go of, most likely: its tensors are freed here, not
+            # while this thread waits for the next release, nor on the loop's thread.
+            del item, staged
