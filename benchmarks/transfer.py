@@ -84,7 +84,7 @@ def figures(arm: dict[str, Any]) -> dict[str, Any]:
         "medium": arm["medium"],
     }
     for key in ("exposed_one_clock_cold_whole_step_report_s", "exposed_from_last_assignment_s_per_step",
-                "exposed_from_plan_known_s_per_step"):
+                "exposed_from_plan_known_s_per_step", "steady_loop_take_cpu_s_per_step"):
         if key in arm:
             kept[key] = arm[key]
     if "cold_step_cpu" in arm:  # KnitTrans: the CPU its processes used in the cold step, and its share of the CPUs

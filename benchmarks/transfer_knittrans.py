@@ -30,7 +30,11 @@ Per step:
    step is cold (reported while the trainer waits), and so is the extra one after it, reported whole; with
    ``report_ahead`` the later ones are the steady state.
    The earlier figure, from the moment the last consumer the group depends on had its assignment and without
-   the loop's own take/release work, is kept as ``exposed_from_last_assignment_s``.
+   the loop's own take/release work, is kept as ``exposed_from_last_assignment_s``. The loop thread's own CPU
+   for taking micro-batches (``time.thread_time``) is kept per step and group as
+   ``loop_take_cpu_s_per_dp_group``, and the worst group's in a steady step as
+   ``steady_loop_take_cpu_s_per_step``: the client's share of the steady state, apart from the machine's
+   scheduling.
 
 Bytes moved are what the sidecars' unit-store clients' I/O really moved (their status counters over the measured
 steps, divided by their number: the counts the store's reads and transfers returned, failed attempts included);
@@ -183,14 +187,18 @@ def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
         for step in range(task.steps):
             record: dict[str, Any] = {"dp": task.dp_rank, "step": step, "ready": [], "compute_end": [],
                                       "compute_s": 0.0, "tokens": 0, "real_tokens": 0, "client_blocked": [],
-                                      "asked": time.time()}
+                                      "take_cpu_s": 0.0, "asked": time.time()}
             minis = [next(stream) for stream in streams]
             record["assigned_at"] = [m.descriptor.assigned_at for m in minis]
             record["published_at"] = [m.descriptor.published_at for m in minis]
             encoders_ready[step].wait()
             iterators = [iter(mini) for mini in minis]
             while True:
+                # The loop thread's own CPU for taking the ranks' next micro-batches and dropping the ones they
+                # replace: wall-clock gaps mix it with waiting for the GIL and the CPU, this does not.
+                taking = time.thread_time()
                 micros = [next(iterator, None) for iterator in iterators]
+                record["take_cpu_s"] += time.thread_time() - taking
                 if micros[0] is None:
                     break
                 record["ready"].append(time.time())
@@ -287,6 +295,7 @@ def measure(records: Sequence[dict[str, Any]], config: WorkloadConfig, *, report
         # thread) comes after the step's last compute and before it asks for the next mini-batch: outside both
         # clocks above, shown here so that it is not hidden. In a job it overlaps the GPU's optimizer step.
         "step_end_report_s_per_dp_group": [r["step_end_report_s"] for r in by_group],
+        "loop_take_cpu_s_per_dp_group": [r["take_cpu_s"] for r in by_group],
         "real_tokens_delivered": sum(r["real_tokens"] for r in records),
         "images_delivered": sum(r["encoder"]["images"] for r in records),
         "simulated_compute_tokens_per_dp_group": [r["tokens"] for r in by_group],
@@ -467,6 +476,10 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         "exposed_one_clock_cold_whole_step_report_s": (extras[1]["exposed_one_clock_s"] if whole_report_cold_step
                                                        else None),
         "exposed_one_clock_steady_s_per_step": statistics.median(steady) if steady else None,
+        # The worst DP group's loop thread CPU for its takes in a steady step (the part of the steady state that
+        # is the client's own work, not the machine's scheduling).
+        "steady_loop_take_cpu_s_per_step": statistics.median(
+            max(e["loop_take_cpu_s_per_dp_group"]) for e in extras[1 + whole_report_cold_step:]) if steady else None,
         "exposed_from_last_assignment_s_per_step": statistics.median(
             e["exposed_from_last_assignment_s"] for e in extras),
         "first_microbatch_ready_s_per_step": [max(e["first_microbatch_ready_s_per_dp_group"]) for e in extras],

@@ -10,6 +10,7 @@ configs in the temporary directory, one per run)."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,10 @@ def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks()
         assert arm["amplification"] == 1.0
         figures = run["arms"][arm["arm"]]
         assert figures["exposed_one_clock_cold_whole_step_report_s"] > 0
+        # The loop thread's CPU for its takes: some in every step, and the steady figure is the steady steps'.
+        take_cpu = [max(s["loop_take_cpu_s_per_dp_group"]) for s in steps]
+        assert all(cpu_s > 0 for cpu_s in take_cpu)
+        assert figures["steady_loop_take_cpu_s_per_step"] == statistics.median(take_cpu[2:])
         cpu = arm["cold_step_cpu"]
         groups = ("admission", "backbone_sidecars", "encoder_sidecars", "trainer_processes", "driver")
         assert all(cpu[f"{group}_cpu_s"] > 0 for group in groups)  # each of them works in a cold step
