@@ -460,7 +460,8 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                 process.kill()
     per_step = [dataclasses.replace(m, bytes_moved_from_storage=moved // len(measured)) for m, _ in measured]
     extras = [e for _, e in measured]
-    steady = [e["exposed_one_clock_s"] for e in extras[1 + whole_report_cold_step:]]
+    steady_extras = extras[1 + whole_report_cold_step:]
+    steady = [e["exposed_one_clock_s"] for e in steady_extras]
     report = arm_report(arm=arm, workload=workload, steps=per_step, details={
         "mode": mode.value,
         "steps_run": total,
@@ -479,7 +480,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
         # The worst DP group's loop thread CPU for its takes in a steady step (the part of the steady state that
         # is the client's own work, not the machine's scheduling).
         "steady_loop_take_cpu_s_per_step": statistics.median(
-            max(e["loop_take_cpu_s_per_dp_group"]) for e in extras[1 + whole_report_cold_step:]) if steady else None,
+            max(e["loop_take_cpu_s_per_dp_group"]) for e in steady_extras) if steady else None,
         "exposed_from_last_assignment_s_per_step": statistics.median(
             e["exposed_from_last_assignment_s"] for e in extras),
         "first_microbatch_ready_s_per_step": [max(e["first_microbatch_ready_s_per_dp_group"]) for e in extras],

@@ -33,10 +33,7 @@ class Sidecar:
     def __init__(self, count: int, *, restart_after_yields: int | None = None) -> None:
         self.count = count
         self.slots = [bytearray(f"micro-{i}".encode()) for i in range(count)]
-        # Each has a (stand-in) CUDA event, so the MiniBatch asks ready_for_use before each yield: the moment a
-        # delivery round is started below.
-        self.staged = [Staged(descriptor=descriptor(i, count), tensors={"bytes": self.slots[i]}, event=f"copy {i}")
-                       for i in range(count)]
+        self.staged = [Staged(descriptor=descriptor(i, count), tensors={"bytes": self.slots[i]}) for i in range(count)]
         self.taken = 1  # the first is handed to the MiniBatch by the client
         self.released: list[int] = []
         self.rounds = 0

@@ -310,9 +310,6 @@ class MiniBatch:
         self._pass_done()
 
     def _micro_batches(self) -> Iterator[MicroBatch]:
-        # Between two micro-batches the training loop waits for this code: calls that would do nothing are skipped
-        # (keeping copies takes several passes; a staged copy without a CUDA event is ready as it is).
-        keep = self.passes > 1
         staged = self._first
         try:
             while True:
@@ -323,10 +320,8 @@ class MiniBatch:
                     raise staged.failure
                 self._current = staged
                 self._last_seen = staged.descriptor
-                if keep:
-                    self._keep(staged)
-                if staged.event is not None:
-                    self._feed.ready_for_use(staged)
+                self._keep(staged)
+                self._feed.ready_for_use(staged)
                 yield MicroBatch(staged)
                 self._let_go(staged)
                 self._current = None
