@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -134,6 +135,26 @@ def test_without_a_tick_the_slot_is_freed_while_the_loop_computes(sidecar) -> No
         second = next(micro_batches)
         assert (second.index, second.waited_seconds) == (1, 0.0), "precondition: micro-batch 1 was staged"
         wait_for(lambda: client.status().published == 3, "micro-batch 2 in micro-batch 0's slot")
+
+
+def test_the_training_loop_keeps_nothing_of_micro_batch_0_once_it_moved_past_it(sidecar) -> None:
+    # The loop holds the mini-batch for the whole step. Whatever still held micro-batch 0 along with it would free
+    # it on the loop's thread when the next mini-batch replaces it, instead of on the release thread after the
+    # release RPC, as every other micro-batch is (0.1 to 0.2 ms per step for 4 ranks, measured).
+    with client_for(sidecar, 0.0) as client:
+        mini_batches = client.mini_batches()  # held, as a training loop's for statement holds it
+        mini = when_staged(client, lambda: next(mini_batches))
+        micro_batches = iter(mini)
+        micro = next(micro_batches)
+        assert micro.index == 0
+        freed = threading.Event()
+        weakref.finalize(micro["input_ids"], freed.set)
+        micro = next(micro_batches)  # lets go of micro-batch 0: its slot is freed at once (no tick)
+        assert micro.index == 1
+        wait_for(lambda: client.status().published == 3, "micro-batch 2 in micro-batch 0's slot")
+        assert freed.wait(timeout=10), "micro-batch 0 is still held while the loop holds its mini-batch"
+        assert (mini.sequence, mini.descriptor.microbatch_index, mini.num_microbatches) == (1, 0, len(LENGTHS))
+        assert [m.index for m in micro_batches] == list(range(2, len(LENGTHS)))
 
 
 def test_a_negative_interval_is_refused_naming_the_field() -> None:

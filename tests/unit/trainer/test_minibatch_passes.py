@@ -69,7 +69,7 @@ class Sidecar:
     def feed(self, completed: list[int]) -> MiniBatchFeed:
         return MiniBatchFeed(take_next_of=self.take_next_of, ready_for_use=self.ready, release=self.release,
                              complete=lambda mini: completed.append(mini.sequence), context=lambda s: None,  # type: ignore[arg-type,return-value]
-                             own=self.own, restarted_since=lambda staged: self.rounds > staged.rounds_before)
+                             own=self.own, restarted_since=lambda rounds_before: self.rounds > rounds_before)
 
 
 def expected(count: int) -> list[bytes]:

@@ -140,7 +140,9 @@ class MiniBatchFeed:
     complete: Callable[[MiniBatch], None]  # report the mini-batch's optimizer step (once)
     context: Callable[[int], MiniBatchContext]  # what the sidecar retains about a mini-batch
     own: Callable[[Staged], None] = lambda staged: None  # copy its tensors out of the slot (unless they are)
-    restarted_since: Callable[[Staged], bool] = lambda staged: False  # a delivery round began after it was staged
+    # A delivery round began after the one count given (the rounds the client had learnt of when micro-batch 0
+    # was staged: Staged.rounds_before).
+    restarted_since: Callable[[int], bool] = lambda rounds_before: False
 
 
 class MiniBatch:
@@ -158,7 +160,11 @@ class MiniBatch:
         if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
             raise InvalidArgument(f"must be a positive integer, got {passes!r}", field="passes")
         self._feed = feed
-        self._first = first
+        self._descriptor = first.descriptor
+        self._rounds_before = first.rounds_before
+        # Micro-batch 0 until pass 0 takes it (eager: for good). Not kept after that, so that, like every other
+        # micro-batch, it is freed by whoever drops it last (the release thread), not when the loop drops this.
+        self._first: Staged | None = first
         self._eager = rest
         self.passes = passes
         self._passes_begun = 0
@@ -178,7 +184,7 @@ class MiniBatch:
     @property
     def descriptor(self) -> MicroBatchDescriptor:
         """The first micro-batch's descriptor (mini-batch fields are the same on all)."""
-        return self._first.descriptor
+        return self._descriptor
 
     @property
     def sequence(self) -> int:
@@ -301,7 +307,7 @@ class MiniBatch:
             active.close()
 
     def _eager_pass(self) -> Iterator[MicroBatch]:
-        assert self._eager is not None
+        assert self._eager is not None and self._first is not None
         for staged in [self._first, *self._eager]:
             if staged.failure is not None:
                 self._done = True
@@ -310,7 +316,8 @@ class MiniBatch:
         self._pass_done()
 
     def _micro_batches(self) -> Iterator[MicroBatch]:
-        staged = self._first
+        staged, self._first = self._first, None
+        assert staged is not None  # pass 0 runs once
         try:
             while True:
                 if staged.failure is not None:  # the last of the mini-batch: nothing follows it
@@ -358,6 +365,7 @@ class MiniBatch:
 
     def _take_rest(self) -> None:
         staged: Staged | None = self._first if self._last_seen is None else None  # pass 0 never began
+        assert staged is not None or self._last_seen is not None
         while True:
             if staged is None:
                 if self._last_seen is not None and self._last_seen.last_in_minibatch:
@@ -373,7 +381,7 @@ class MiniBatch:
             staged = None
 
     def _check_not_restarted(self) -> None:
-        if self._feed.restarted_since(self._first):
+        if self._feed.restarted_since(self._rounds_before):
             self.restarted = True
             self._finish()
             raise MiniBatchRestarted(
@@ -396,7 +404,7 @@ class MiniBatch:
 
     def _take_next(self) -> Staged:
         try:
-            return self._feed.take_next_of(self._first.descriptor.sequence)
+            return self._feed.take_next_of(self.sequence)
         except MiniBatchRestarted as error:
             error.train_batch_index, error.minibatch_index = self.train_batch_index, self.minibatch_index
             self.restarted = True

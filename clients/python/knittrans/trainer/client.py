@@ -192,6 +192,7 @@ class TrainerClient:
                 except MiniBatchRestarted:  # nothing of it was yielded: take it again from its start
                     continue
             mini = MiniBatch(feed, first, rest, passes=passes)
+            del first  # the mini-batch holds micro-batch 0 only until its pass 0 takes it: so must this frame
             yield mini
             mini.drain()
             if mini.restarted:

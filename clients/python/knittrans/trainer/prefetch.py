@@ -207,9 +207,10 @@ class Prefetcher:
             )
         return staged
 
-    def restarted_since(self, staged: Staged) -> bool:
-        """A delivery round began after ``staged`` was staged: its mini-batch comes again from micro-batch 0."""
-        return self.rounds_started > staged.rounds_before
+    def restarted_since(self, rounds_before: int) -> bool:
+        """A delivery round began after the ``rounds_before``-th (a micro-batch's ``Staged.rounds_before``): its
+        mini-batch comes again from micro-batch 0."""
+        return self.rounds_started > rounds_before
 
     def own(self, staged: Staged) -> None:
         """Make ``staged``'s tensors this process's own, so they outlive its slot (several passes)."""
