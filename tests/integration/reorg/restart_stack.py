@@ -113,8 +113,18 @@ def lines(path: Path) -> list[dict]:
 
 
 def finish(process: Process, output: Path) -> dict:
-    assert process.popen.wait(timeout=120) == 0, process.tail()
+    code = process.popen.wait(timeout=120)
+    assert code == 0, f"{process.name} exited with {code}: {recorded_error(output)}\n{process.tail()}"
     return json.loads(output.read_text())
+
+
+def recorded_error(output: Path) -> str:
+    """The error the worker wrote to its output file: put first in a failure's message, since a CI excerpt may
+    cut a long log short."""
+    try:
+        return str(json.loads(output.read_text()).get("error", "none recorded"))
+    except (OSError, ValueError) as error:
+        return f"no readable output ({type(error).__name__})"
 
 
 def check_whole_steps(stack: Stack, result: dict, trajectories: int = TRAJECTORIES,

@@ -98,6 +98,9 @@ def test_steps_lost_by_a_restore_and_never_redone_are_not_trained() -> None:
     result = verdict(histories)
     assert not result.trained_exactly_once and not result.finished
     assert result.details["acked_never_trained"] == ["t4", "t5", "t6", "t7"]
+    assert result.details["steps_by_rank"] == {0: 2, 1: 2}
+    assert result.details["events_by_rank"][1] == ["restore None", "step 1", "step 2", "step 3", "step 4",
+                                                   "restore 2"]
 
 
 def test_ranks_that_applied_different_steps_fail() -> None:

@@ -194,6 +194,10 @@ def judge(
     finished = job_finished and all(len(history) == num_steps for history in finals.values()) and bool(finals)
     if not finished:
         details["steps_by_rank"] = {rank: len(history) for rank, history in finals.items()}
+        # Every event each rank logged, restores included: what a reader of a failed run needs to see which
+        # mini-batch a rank is missing and after which restart.
+        details["events_by_rank"] = {rank: [f"{e['event']} {e.get('sequence')}" for e in events]
+                                     for rank, events in histories.items()}
     left = leftovers.processes or leftovers.segments or leftovers.store_units
     if left:
         details["left_behind"] = {"processes": list(leftovers.processes)[:10],
