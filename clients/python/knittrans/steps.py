@@ -4,6 +4,7 @@ policy version. A trainer that restored a checkpoint knows from it which steps i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from knittrans.errors import InvalidArgument
 
@@ -25,3 +26,14 @@ class StepId:
 
     def __str__(self) -> str:
         return f"train batch {self.train_batch_index}, mini-batch {self.minibatch_index} (v{self.train_version})"
+
+
+class RestorePoint(StrEnum):
+    """A restored state that holds no :class:`StepId`."""
+
+    # The job restarted without a checkpoint, from its initial weights: it needs every mini-batch again from the
+    # job's first, including those an earlier process of it took but never checkpointed.
+    BEFORE_FIRST_STEP = "before_first_step"
+
+
+BEFORE_FIRST_STEP = RestorePoint.BEFORE_FIRST_STEP

@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                     recording,
                     encoder_mini=RecordingEncoderMiniBatch(encoder_mini, images) if encoder_mini is not None else None,
                 )
+            # A MiniBatchFailed raised partway (a unit lost after the good verdict, while the other ranks are in
+            # this step's collectives) ends this process: the demo restarts the world, which restores the last
+            # checkpoint (BEFORE_FIRST_STEP before the first) and gets this mini-batch again, failed at once.
             except MiniBatchRestarted as restart:
                 # Another TP rank of a consumer restarted mid-way: the mini-batch comes again, whole; this partial
                 # step is dropped. (The demo's consumers have one TP rank each: a restart restarts the world.)

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 
+import grpc
 import pytest
 
 from knittrans.client.admission import AdmissionClient
+from knittrans.v1 import reorg_service_pb2, reorg_service_pb2_grpc
 
 from .processes import start_trainer
 from .restart_stack import Stack, check_whole_steps, finish, lines, start_stack, wait_for
@@ -64,3 +66,48 @@ def test_a_job_restored_from_a_checkpoint_gets_the_same_minibatches_after_it_byt
             assert step["microbatches"] == seen[step["sequence"]], step["sequence"]  # byte for byte, in order
     assert steps[2]["microbatches"][:1] == seen[5]
     assert stack.sidecar.alive(), stack.sidecar.tail()
+
+
+def test_a_job_restarted_before_its_first_checkpoint_gets_every_minibatch_again_from_the_first(stack: Stack) -> None:
+    """Run 1 steps on mini-batches 1 and 2 without ever reporting a checkpoint, and is killed holding mini-batch
+    3. Without a restore point a new process would get mini-batch 3 again (it was partway) but never 1 and 2,
+    which it took to the last micro-batch: a job that restarts from its initial weights would silently skip them.
+    With ``BEFORE_FIRST_STEP`` it gets all of them again, byte for byte."""
+    progress = stack.directory / "run1.progress"
+    first, _ = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0, admission=stack.address,
+                             minibatches=MINIBATCHES, name="run1",
+                             extra=("--progress", str(progress), "--hold-at", "0", "--hold-sequence", "3"))
+    wait_for("run 1 to hold mini-batch 3", lambda: any(x["event"] == "holding" for x in lines(progress)), [first])
+    with AdmissionClient(stack.address, deadline=timedelta(seconds=10)) as admission:
+        assert admission.status().released_minibatches == 0  # no checkpoint covers any step: all retained
+    first.kill()
+    seen = {}
+    for line in lines(progress):
+        if line["event"] == "micro":
+            seen.setdefault(line["sequence"], []).append(line["micro"])
+    assert sorted(seen) == [1, 2, 3] and len(seen[3]) == 1
+
+    second, output = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0,
+                                   admission=stack.address, minibatches=4, name="run2",
+                                   extra=("--restored-step", "before-first", "--record-admitted"))
+    result = finish(second, output)
+    assert "error" not in result, result
+    steps = result["minibatches"]
+    assert [s["sequence"] for s in steps] == [1, 2, 3, 4]
+    check_whole_steps(stack, result, trajectories=2, min_microbatches=2)
+    for step in steps[:2]:
+        assert step["microbatches"] == seen[step["sequence"]], step["sequence"]  # byte for byte, in order
+    assert steps[2]["microbatches"][:1] == seen[3]
+    assert stack.sidecar.alive(), stack.sidecar.tail()
+
+
+def test_a_restore_point_before_the_first_step_with_a_step_in_it_is_refused_naming_the_field(stack: Stack) -> None:
+    request = reorg_service_pb2.NextMicroBatchRequest(
+        tp_rank=0, session="s", restored_step=reorg_service_pb2.RestoredStep(before_first_step=True, minibatch_index=1))
+    with grpc.insecure_channel(stack.socket) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            reorg_service_pb2_grpc.ReorgServiceStub(channel).NextMicroBatch(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "restored_step.before_first_step" in refused.value.details()
+    assert stack.sidecar.alive(), stack.sidecar.tail()
+    assert stack.status().delivery_round == 0  # nothing was restored

@@ -15,8 +15,8 @@ mini-batch N times (``mini_batches(passes=N)``) and records every pass; ``--hold
 ``--release-file F`` ends the hold once F exists. A mini-batch that raises MiniBatchRestarted is
 recorded and not counted as a step. ``--checkpoint-at S`` reports a checkpoint after the step on mini-batch S
 (``ReportCheckpoint``); ``--restored-step T:M`` starts as a process restored from a checkpoint holding step
-(train batch T, mini-batch M). ``--record-admitted`` records each mini-batch's admitted trajectories as the
-sidecar retains them.
+(train batch T, mini-batch M); ``--restored-step before-first``, as one of a job restarted without a
+checkpoint. ``--record-admitted`` records each mini-batch's admitted trajectories as the sidecar retains them.
 
 With ``--asyncio`` it consumes them with ``async for`` through ``knittrans.aio.AsyncTrainerClient`` instead, and
 records them the same way (the progress, hold and checkpoint options are for the synchronous loop).
@@ -39,7 +39,7 @@ from knittrans.aio import AsyncTrainerClient
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.errors import KnitTransError, MiniBatchRestarted
-from knittrans.trainer import StepId, TrainerClient, TrainerSettings
+from knittrans.trainer import BEFORE_FIRST_STEP, RestorePoint, StepId, TrainerClient, TrainerSettings
 
 
 def crc(array: np.ndarray) -> int:
@@ -78,7 +78,8 @@ def describe_mini(mini, micros: list[dict], admitted: list[str] | None = None) -
             "microbatches": micros}
 
 
-def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, note, restored: StepId | None) -> None:
+def consume(settings: TrainerSettings, args: argparse.Namespace, result: dict, note,
+            restored: StepId | RestorePoint | None) -> None:
     held = False
     with TrainerClient(settings, restored_step=restored) as client:
         for mini in client.mini_batches(passes=args.passes):
@@ -176,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                                mode=args.mode, admission=ConnectionSettings(target=args.admission),
                                sidecar_timeout_seconds=20.0, poll_seconds=2.0)
     result: dict = {"minibatches": [], "restarted": []}
-    restored = None
-    if args.restored_step:
+    restored: StepId | RestorePoint | None = None
+    if args.restored_step == "before-first":
+        restored = BEFORE_FIRST_STEP
+    elif args.restored_step:
         train_batch, minibatch = (int(x) for x in args.restored_step.split(":"))
         restored = StepId(train_batch_index=train_batch, minibatch_index=minibatch)
     try:

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from knittrans.steps import StepId
+from knittrans.steps import RestorePoint, StepId
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext
 from knittrans.trainer.client import TrainerClient
 from knittrans.trainer.progress import ProgressReporter
@@ -48,7 +48,7 @@ class AsyncTrainerClient:
         settings: TrainerSettings,
         *,
         progress: ProgressReporter | None = None,
-        restored_step: StepId | None = None,
+        restored_step: StepId | RestorePoint | None = None,
     ) -> None:
         self._client = TrainerClient(settings, progress=progress, restored_step=restored_step)
         # One thread steps the iterators: their steps never run concurrently, and always on the same thread.

@@ -9,7 +9,7 @@ layout it reads is :mod:`knittrans.packed`, shared with the sidecar's packer.
 """
 
 from knittrans.packed.tensors import PackedEncodingUse, TensorSpec
-from knittrans.steps import StepId
+from knittrans.steps import BEFORE_FIRST_STEP, RestorePoint, StepId
 from knittrans.trainer.client import (
     DeliveryMode,
     MicroBatch,
@@ -24,6 +24,7 @@ from knittrans.trainer.metadata import NonTensorBatch
 from knittrans.trainer.progress import AdmissionProgressReporter, ProgressReporter
 
 __all__ = [
+    "BEFORE_FIRST_STEP",
     "AdmissionProgressReporter",
     "DeliveryMode",
     "MicroBatch",
@@ -33,6 +34,7 @@ __all__ = [
     "NonTensorBatch",
     "PackedEncodingUse",
     "ProgressReporter",
+    "RestorePoint",
     "StepId",
     "TensorSpec",
     "TrainerClient",

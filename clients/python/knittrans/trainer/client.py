@@ -69,7 +69,9 @@ mini-batch again, whole (docs/failures.md). A restarted mini-batch is not report
 :class:`~knittrans.steps.StepId`) names the step for checkpoints; a process restored from a checkpoint passes
 its step (``TrainerClient(settings, restored_step=step)``) and gets the mini-batches after it again, when the
 admission service retains them (``retain_until_checkpoint``; global rank 0 reports checkpoints with
-``AdmissionClient.report_checkpoint``).
+``AdmissionClient.report_checkpoint``). A job that restarts before its first checkpoint passes
+``restored_step=BEFORE_FIRST_STEP``: else the mini-batches its earlier processes took but never checkpointed
+(say, one whose failure a rank took just before it died) would not come again.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ from knittrans.client.connection import ConnectionSettings, error_from_rpc, open
 from knittrans.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, MiniBatchRestarted, Unavailable
 from knittrans.plan.proto import assignment_from_proto, plan_from_proto
 from knittrans.retry import retry_call
-from knittrans.steps import StepId
+from knittrans.steps import RestorePoint, StepId
 from knittrans.store.factory import open_store
 from knittrans.trainer.batches import MicroBatch, MiniBatch, MiniBatchContext, MiniBatchFeed, Staged
 from knittrans.trainer.prefetch import SIDECAR_RETRY, Prefetcher
@@ -117,11 +119,15 @@ class TrainerClient:
     """A training rank's client of its reorg sidecar (see the module docstring)."""
 
     def __init__(self, settings: TrainerSettings, *, progress: ProgressReporter | None = None,
-                 restored_step: StepId | None = None) -> None:
+                 restored_step: StepId | RestorePoint | None = None) -> None:
         """``restored_step``: this process restored a checkpoint holding every step up to this one (its
-        ``mini.step``); the sidecar delivers the mini-batches after it again, the same ones in the same order."""
-        if restored_step is not None and not isinstance(restored_step, StepId):
-            raise InvalidArgument("must be a StepId (the checkpoint's last mini.step)", field="restored_step")
+        ``mini.step``); the sidecar delivers the mini-batches after it again, the same ones in the same order.
+        ``BEFORE_FIRST_STEP``: the job restarted without a checkpoint; it gets every mini-batch again from the
+        job's first. Leave it None on a job's first start, and when a process restarts alone (its other TP ranks
+        running on: the mini-batch it was in comes again by itself)."""
+        if restored_step is not None and not isinstance(restored_step, StepId | RestorePoint):
+            raise InvalidArgument("must be a StepId (the checkpoint's last mini.step) or BEFORE_FIRST_STEP",
+                                  field="restored_step")
         self._restored_step = restored_step
         self._settings = settings
         self._channel = open_channel(ConnectionSettings(target=settings.target))

@@ -40,7 +40,7 @@ from knittrans.errors import (
     Unavailable,
 )
 from knittrans.retry import Backoff, RetryPolicy
-from knittrans.steps import StepId
+from knittrans.steps import RestorePoint, StepId
 from knittrans.trainer.batches import Staged
 from knittrans.trainer.descriptor import MicroBatchDescriptor
 from knittrans.trainer.settings import DeliveryMode, TrainerSettings, TrainerStats
@@ -91,7 +91,8 @@ class Prefetcher:
     copies them out of the slot, which is then released at once."""
 
     def __init__(self, settings: TrainerSettings, stub: reorg_service_pb2_grpc.ReorgServiceStub, stager: Any,
-                 stats: TrainerStats, *, interrupt: Callable[[], None], restored_step: StepId | None = None) -> None:
+                 stats: TrainerStats, *, interrupt: Callable[[], None],
+                 restored_step: StepId | RestorePoint | None = None) -> None:
         """``interrupt`` ends the long poll in flight (closing the channel ``stub`` calls on): :meth:`stop` calls it
         once the release thread sent what it had."""
         self._settings = settings
@@ -124,8 +125,7 @@ class Prefetcher:
         # Set while each mini-batch is iterated several times: a later pass takes nothing, so a prefetch thread
         # blocked on a full queue asks the sidecar for its delivery round instead of waiting for the loop.
         self.watch_rounds = False
-        self._restored = None if restored_step is None else pb.RestoredStep(
-            train_batch_index=restored_step.train_batch_index, minibatch_index=restored_step.minibatch_index)
+        self._restored = _restored_step_message(restored_step)
         tp_rank = settings.tp_rank
         self._fetcher = threading.Thread(target=self._fetch_loop, name=f"knittrans-prefetch-tp{tp_rank}", daemon=True)
         self._releaser = threading.Thread(target=self._release_loop, name=f"knittrans-release-tp{tp_rank}",
@@ -452,3 +452,13 @@ class Prefetcher:
             # The last references to what the loop let go of, most likely: its tensors are freed here, not
             # while this thread waits for the next release, nor on the loop's thread.
             del item, staged
+
+
+def _restored_step_message(restored_step: StepId | RestorePoint | None) -> pb.RestoredStep | None:
+    if restored_step is None:
+        return None
+    if restored_step is RestorePoint.BEFORE_FIRST_STEP:
+        return pb.RestoredStep(before_first_step=True)
+    assert isinstance(restored_step, StepId)
+    return pb.RestoredStep(train_batch_index=restored_step.train_batch_index,
+                           minibatch_index=restored_step.minibatch_index)

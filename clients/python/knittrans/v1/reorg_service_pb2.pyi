@@ -130,12 +130,14 @@ class NextMicroBatchRequest(_message.Message):
     def __init__(self, tp_rank: _Optional[int] = ..., after_ticket: _Optional[int] = ..., incarnation: _Optional[str] = ..., session: _Optional[str] = ..., restored_step: _Optional[_Union[RestoredStep, _Mapping]] = ...) -> None: ...
 
 class RestoredStep(_message.Message):
-    __slots__ = ("train_batch_index", "minibatch_index")
+    __slots__ = ("train_batch_index", "minibatch_index", "before_first_step")
     TRAIN_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     MINIBATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
     train_batch_index: int
     minibatch_index: int
-    def __init__(self, train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ...) -> None: ...
+    before_first_step: bool
+    def __init__(self, train_batch_index: _Optional[int] = ..., minibatch_index: _Optional[int] = ..., before_first_step: _Optional[bool] = ...) -> None: ...
 
 class NextMicroBatchResponse(_message.Message):
     __slots__ = ("descriptor", "end_of_stream", "incarnation", "delivery_round")

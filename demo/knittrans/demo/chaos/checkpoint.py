@@ -7,7 +7,8 @@ kill -9 never leaves half a checkpoint). In that order: a kill between the two l
 checkpoint, which the next start's ``restore`` event voids, and the step is redone. The last two checkpoints are
 kept: a kill during a step can leave the ranks one step apart, and they restart together from the newest step all
 of them hold. The restored ``StepId`` goes to every ``TrainerClient`` of the rank (``restored_step``), so its
-sidecars deliver exactly the mini-batches after it again.
+sidecars deliver exactly the mini-batches after it again; a restart before the first checkpoint passes
+``BEFORE_FIRST_STEP``, and gets every mini-batch again from the first.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from knittrans.steps import StepId
+from knittrans.steps import BEFORE_FIRST_STEP, RestorePoint, StepId
 
 KEEP_CHECKPOINTS = 2
 _NAME = re.compile(r"^rank(\d+)-seq(\d+)\.pt$")
@@ -35,7 +36,10 @@ class RankHistory:
         self.rank = rank
         self.directory = out / "checkpoints"
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._log: TextIO = open(out / f"applied-rank{rank}.jsonl", "a")
+        log = out / f"applied-rank{rank}.jsonl"
+        # An earlier process of this rank logged its restore at least: this one is a restart.
+        self._restarted = log.exists() and log.stat().st_size > 0
+        self._log: TextIO = open(log, "a")
 
     def sequences(self) -> list[int]:
         found = []
@@ -47,17 +51,24 @@ class RankHistory:
 
     def restore(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, distributed: bool
-    ) -> tuple[int | None, StepId | None, int]:
+    ) -> tuple[int | None, StepId | RestorePoint | None, int]:
         """Load the newest checkpoint every rank holds (a collective when ``distributed``); log a restore event.
-        Returns (the restored step's sequence and its ``StepId``, both None for a fresh start; the number of
-        mini-batches done)."""
+        Returns (the restored step's sequence, None without a checkpoint; what to pass ``TrainerClient`` as
+        ``restored_step``: the checkpoint's ``StepId``, ``BEFORE_FIRST_STEP`` for a restart without one, None for
+        the run's first start; the number of mini-batches done).
+
+        A restart without a checkpoint must say so: the processes before it may have taken mini-batches to their
+        last micro-batch (a failure raised partway, then a crash) that no checkpoint holds, and only a restore
+        gets those again."""
         held = self.sequences()
         newest = torch.tensor([held[-1] if held else -1], dtype=torch.int64)
+        restarted = torch.tensor([int(self._restarted)], dtype=torch.int64)
         if distributed:
             dist.all_reduce(newest, op=dist.ReduceOp.MIN)
+            dist.all_reduce(restarted, op=dist.ReduceOp.MAX)  # the world restarts as one
         sequence = int(newest.item())
         applied = 0
-        step = None
+        step: StepId | RestorePoint | None = BEFORE_FIRST_STEP if restarted.item() else None
         if sequence >= 0:
             state = torch.load(self.directory / f"rank{self.rank}-seq{sequence}.pt", weights_only=False)
             model.load_state_dict(state["model"])

@@ -24,6 +24,10 @@ from collections.abc import Iterable
 
 from knittrans.errors import InvalidArgument
 
+# The restore point of a job restarted without a checkpoint: the step before train batch 0's mini-batch 0, so
+# that a restore delivers again from sequence 1.
+BEFORE_FIRST_STEP = (0, -1)
+
 
 class RankProgress:
     """Per TP rank: the last sequence it released to the last micro-batch, and whether it is partway through
