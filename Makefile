@@ -49,9 +49,12 @@ chaos: sysdeps venv
 	  tail -n 1 chaos-out/seed-$$seed.out; done; \
 	if [ -n "$$failed" ]; then echo "chaos: seeds failed:$$failed"; exit 1; fi; echo "chaos: all $$total seeds passed"
 
-# The container tests run in `make test-container` (the image is built first), not here.
+# The container tests run in `make test-container` (the image is built first), not here. Two workers (pytest-xdist):
+# the suite waits on its servers' processes for a third of its time, so one worker left the CPUs idle that long.
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: sysdeps venv
-	$(PY) -m pytest -q -m "not container"
+	$(PY) -m pytest -q -m "not container" -n $(TEST_WORKERS) --dist worksteal
 
 # Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result. The admission
 # service's cluster-scale grid (issue 16: 64 to 4,096 trajectories, 5 to 320 consumers) runs last.

@@ -117,6 +117,12 @@ def free_loopback_port() -> int:
         return probe.getsockname()[1]
 
 
+def live_job() -> str:
+    """The examples' job name, made this test process's own: its lease and run directory are per job, and another
+    test session on this machine (a parallel worker) may run the same stack at the same time."""
+    return f"example-{os.getpid()}"
+
+
 @dataclass
 class RunningService:
     process: Process
@@ -143,6 +149,7 @@ def start_admission(directory: Path, *, initial_version: int) -> RunningService:
             **config.knittrans_env,
             f"{ENV_PREFIX}SERVER__METRICS__HOST": "127.0.0.1",
             f"{ENV_PREFIX}INITIAL_VERSION": str(initial_version),
+            f"{ENV_PREFIX}JOB": live_job(),
         }
     )
     process = spawn("admission", command, env=env, directory=directory)
@@ -168,6 +175,7 @@ def start_reorg_sidecar(directory: Path, *, admission: RunningService, token: st
         "SERVER__UNIX_SOCKET": str(directory / "reorg.sock"),
         "SERVER__METRICS__HOST": "127.0.0.1",
         "SERVER__METRICS__PORT": "0",
+        "JOB": live_job(),
     }
     env = clean_environment({**config.knittrans_env, **{ENV_PREFIX + k: v for k, v in overrides.items()}})
     command = [KNITTRANS, *command_line(config, config_file), "--ready-file", ready_file]
