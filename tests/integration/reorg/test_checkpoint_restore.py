@@ -35,22 +35,31 @@ def stack(tmp_path) -> Iterator[Stack]:
     stack.admission.stop()
 
 
-def test_a_job_restored_from_a_checkpoint_gets_the_same_minibatches_after_it_byte_for_byte(stack: Stack) -> None:
+def run_then_kill_holding(stack: Stack, *, hold_sequence: int, released: int, extra: tuple[str, ...] = ()
+                          ) -> dict[int, list[dict]]:
+    """Run 1: train until micro-batch 0 of mini-batch ``hold_sequence``, check that the admission service released
+    ``released`` mini-batches by then, and kill it (SIGKILL). Returns what it received, per sequence."""
     progress = stack.directory / "run1.progress"
     first, _ = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0, admission=stack.address,
                              minibatches=MINIBATCHES, name="run1",
-                             extra=("--progress", str(progress), "--checkpoint-at", "2", "--hold-at", "0",
-                                    "--hold-sequence", "5"))
-    wait_for("run 1 to hold mini-batch 5", lambda: any(x["event"] == "holding" for x in lines(progress)), [first])
+                             extra=("--progress", str(progress), *extra, "--hold-at", "0",
+                                    "--hold-sequence", str(hold_sequence)))
+    wait_for(f"run 1 to hold mini-batch {hold_sequence}",
+             lambda: any(x["event"] == "holding" for x in lines(progress)), [first])
     with AdmissionClient(stack.address, deadline=timedelta(seconds=10)) as admission:
-        # Mini-batches 3 and 4 were stepped on after the checkpoint: retained; 1 and 2 are covered: released.
-        assert admission.status().released_minibatches == 2
+        assert admission.status().released_minibatches == released
     first.kill()
-    seen = {}
+    seen: dict[int, list[dict]] = {}
     for line in lines(progress):
         if line["event"] == "micro":
             seen.setdefault(line["sequence"], []).append(line["micro"])
-    assert sorted(seen) == [1, 2, 3, 4, 5] and len(seen[5]) == 1
+    assert sorted(seen) == list(range(1, hold_sequence + 1)) and len(seen[hold_sequence]) == 1
+    return seen
+
+
+def test_a_job_restored_from_a_checkpoint_gets_the_same_minibatches_after_it_byte_for_byte(stack: Stack) -> None:
+    # Mini-batches 3 and 4 are stepped on after the checkpoint: retained; 1 and 2 are covered: released.
+    seen = run_then_kill_holding(stack, hold_sequence=5, released=2, extra=("--checkpoint-at", "2"))
 
     second, output = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0,
                                    admission=stack.address, minibatches=4, name="run2",
@@ -73,19 +82,7 @@ def test_a_job_restarted_before_its_first_checkpoint_gets_every_minibatch_again_
     3. Without a restore point a new process would get mini-batch 3 again (it was partway) but never 1 and 2,
     which it took to the last micro-batch: a job that restarts from its initial weights would silently skip them.
     With ``BEFORE_FIRST_STEP`` it gets all of them again, byte for byte."""
-    progress = stack.directory / "run1.progress"
-    first, _ = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0, admission=stack.address,
-                             minibatches=MINIBATCHES, name="run1",
-                             extra=("--progress", str(progress), "--hold-at", "0", "--hold-sequence", "3"))
-    wait_for("run 1 to hold mini-batch 3", lambda: any(x["event"] == "holding" for x in lines(progress)), [first])
-    with AdmissionClient(stack.address, deadline=timedelta(seconds=10)) as admission:
-        assert admission.status().released_minibatches == 0  # no checkpoint covers any step: all retained
-    first.kill()
-    seen = {}
-    for line in lines(progress):
-        if line["event"] == "micro":
-            seen.setdefault(line["sequence"], []).append(line["micro"])
-    assert sorted(seen) == [1, 2, 3] and len(seen[3]) == 1
+    seen = run_then_kill_holding(stack, hold_sequence=3, released=0)  # no checkpoint covers a step: all retained
 
     second, output = start_trainer(stack.directory, socket=stack.socket, tp_rank=0, global_rank=0,
                                    admission=stack.address, minibatches=4, name="run2",

@@ -9,10 +9,8 @@ import torch
 from knittrans.demo.chaos.checkpoint import RankHistory
 from knittrans.steps import BEFORE_FIRST_STEP, StepId
 
-
-class _Mini:
-    sequence = 3
-    step = StepId(train_batch_index=1, minibatch_index=0, train_version=1)
+SEQUENCE = 3
+STEP = StepId(train_batch_index=1, minibatch_index=0, train_version=1)
 
 
 def _model_and_optimizer(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -30,12 +28,12 @@ def test_first_start_then_restart_without_a_checkpoint_then_restart_after_one(tm
     second = RankHistory(tmp_path, rank=0)
     assert second.restore(model, optimizer, distributed=False) == (None, BEFORE_FIRST_STEP, 0)
     saved = {name: value.clone() for name, value in model.state_dict().items()}
-    second.save(model, optimizer, sequence=_Mini.sequence, step=_Mini.step, applied=2)
+    second.save(model, optimizer, sequence=SEQUENCE, step=STEP, applied=2)
     second.close()
 
     other, other_optimizer = _model_and_optimizer(1)
     third = RankHistory(tmp_path, rank=0)
-    assert third.restore(other, other_optimizer, distributed=False) == (3, _Mini.step, 2)
+    assert third.restore(other, other_optimizer, distributed=False) == (SEQUENCE, STEP, 2)
     third.close()
     assert all(torch.equal(other.state_dict()[name], value) for name, value in saved.items())
     events = [line for line in (tmp_path / "applied-rank0.jsonl").read_text().splitlines() if line]
@@ -44,8 +42,10 @@ def test_first_start_then_restart_without_a_checkpoint_then_restart_after_one(tm
 
 def test_another_ranks_log_does_not_make_a_first_start_a_restart(tmp_path) -> None:
     model, optimizer = _model_and_optimizer(0)
-    other_rank, this_rank = RankHistory(tmp_path, rank=1), RankHistory(tmp_path, rank=0)
+    other_rank = RankHistory(tmp_path, rank=1)
     other_rank.restore(model, optimizer, distributed=False)
-    assert this_rank.restore(model, optimizer, distributed=False) == (None, None, 0)
     other_rank.close()
+    assert (tmp_path / "applied-rank1.jsonl").read_text()  # rank 1's log holds its restore before rank 0 starts
+    this_rank = RankHistory(tmp_path, rank=0)
+    assert this_rank.restore(model, optimizer, distributed=False) == (None, None, 0)
     this_rank.close()

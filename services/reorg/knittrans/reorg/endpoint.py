@@ -20,7 +20,7 @@ from knittrans.plan.proto import plan_to_proto
 from knittrans.reorg.assignments import AssignmentSource
 from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.ring import SharedMemoryRing
-from knittrans.reorg.rounds import BEFORE_FIRST_STEP
+from knittrans.reorg.rounds import BEFORE_FIRST_STEP_INDICES
 from knittrans.reorg.settings import ReorgSettings
 from knittrans.reorg.sidecar import Sidecar, incarnation_tag, new_incarnation
 from knittrans.serving.server import RunningServer, start_server
@@ -139,7 +139,7 @@ def _restored(request: pb.NextMicroBatchRequest | pb.StreamMicroBatchesRequest) 
         if step.train_batch_index or step.minibatch_index:
             raise InvalidArgument("a state before the first step holds no train batch or mini-batch; leave both 0",
                                   field="restored_step.before_first_step")
-        return BEFORE_FIRST_STEP
+        return BEFORE_FIRST_STEP_INDICES
     return (step.train_batch_index, step.minibatch_index)
 
 

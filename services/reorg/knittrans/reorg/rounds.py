@@ -26,7 +26,7 @@ from knittrans.errors import InvalidArgument
 
 # The restore point of a job restarted without a checkpoint: the step before train batch 0's mini-batch 0, so
 # that a restore delivers again from sequence 1.
-BEFORE_FIRST_STEP = (0, -1)
+BEFORE_FIRST_STEP_INDICES = (0, -1)
 
 
 class RankProgress:

@@ -55,7 +55,7 @@ from knittrans.reorg.metrics import ReorgMetrics
 from knittrans.reorg.packing import PackLayout, PackSettings, backbone_layout, encoder_layout, fill_backbone
 from knittrans.reorg.reader import MicroBatchReader, ReadOutcome
 from knittrans.reorg.ring import SharedMemoryRing, SlotLease
-from knittrans.reorg.rounds import BEFORE_FIRST_STEP, DeliveryTracker, RankProgress
+from knittrans.reorg.rounds import BEFORE_FIRST_STEP_INDICES, DeliveryTracker, RankProgress
 from knittrans.reorg.verification import verify_part
 from knittrans.store.protocol import UnitStore
 from knittrans.trainer.descriptor import MicroBatchDescriptor, MiniBatchFailure
@@ -488,7 +488,7 @@ class Sidecar:
             self._intake = asyncio.create_task(self._take_assignments(self._arrived), name=f"intake-{self.consumer}")
         self._arrived.put_nowait(_WAKE)
         self._metrics.slots_occupied.set(self.ring.occupied)
-        restored = ("no checkpoint (the job's initial state)" if step == BEFORE_FIRST_STEP
+        restored = ("no checkpoint (the job's initial state)" if step == BEFORE_FIRST_STEP_INDICES
                     else f"a checkpoint at train batch {step[0]}, mini-batch {step[1]}")
         logger.warning("%s: TP rank %d restored %s; delivery round %d delivers mini-batch %d and what follows again "
                        "(%d published micro-batches withdrawn)", self.consumer, tp_rank, restored, self._round,
