@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from knittrans.config import load_config
+from knittrans.launch.interruptions import raise_stop
 
 if TYPE_CHECKING:
     from knittrans.demo.stack.namespaces import Node
@@ -60,7 +61,7 @@ def stop_on_signals() -> Iterator[None]:
     def handle(signum: int, _frame: object) -> None:
         if not stopping[0]:
             stopping[0] = True
-            raise StopSignal(signum)
+            raise_stop(StopSignal(signum))  # held back while a child's start is half done
 
     previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:

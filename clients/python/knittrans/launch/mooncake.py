@@ -39,6 +39,7 @@ from pathlib import Path
 from knittrans.addresses import advertised_host, host_port
 from knittrans.errors import FailedPrecondition, InvalidArgument
 from knittrans.launch import lifetime
+from knittrans.launch.interruptions import stop_deferred
 from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 
@@ -195,7 +196,7 @@ def _stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 
 def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log, stop_deferred():
         return subprocess.Popen(
             lifetime.tied_to_this_process(command) if die_with_parent else command,
             stdout=log,
@@ -233,6 +234,9 @@ def _start_listening(
             _stop(process)
             last = "timed out"
             continue
+        except BaseException:  # stopped while it starts: nobody else holds it yet
+            _stop(process)
+            raise
         if process.poll() is None:
             return process, chosen
         last = f"exited with {process.returncode}"

@@ -17,6 +17,7 @@ from pathlib import Path
 from knittrans.addresses import advertised_host, host_port, is_loopback
 from knittrans.errors import FailedPrecondition
 from knittrans.launch import lifetime
+from knittrans.launch.interruptions import stop_deferred
 from knittrans.launch.logs import failure_message
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 
@@ -91,10 +92,11 @@ def start_redis(
         command = [binary, *config_file, "--bind", bind_host, "--port", str(chosen), "--dir", str(directory),
                    "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
                    "--daemonize", "no", "--logfile", str(log_path)]
-        process = subprocess.Popen(
-            lifetime.tied_to_this_process(command) if die_with_parent else command,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+        with stop_deferred():
+            process = subprocess.Popen(
+                lifetime.tied_to_this_process(command) if die_with_parent else command,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
         try:
             wait_until(partial(_exited_or_listening, process, host, chosen),
                        timeout=timeout, what="redis-server")
@@ -103,6 +105,10 @@ def start_redis(
             process.wait()
             last_error = f"not listening after {timeout:.0f}s"
             continue
+        except BaseException:  # stopped while it starts: nobody else holds it yet
+            process.kill()
+            process.wait()
+            raise
         if process.poll() is None:
             logger.info("redis-server pid %d on %s (dir %s)", process.pid, host_port(host, chosen), directory)
             return RedisServer(port=chosen, data_dir=directory, process=process, _owns_dir=owns_dir, host=host,

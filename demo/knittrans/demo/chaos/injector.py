@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from knittrans.demo.chaos.schedule import ChaosSettings, FaultAction, FaultTarget, faults_of
+from knittrans.launch.interruptions import stop_deferred
 from knittrans.launch.ports import accepts_connections, free_port, wait_until
 from knittrans.stack.processes import ManagedProcess, ProcessGroup
 
@@ -138,13 +139,19 @@ class Supervisor:
         log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
         try:
             # The same command, so tied to this driver's life as the first was (knittrans.launch.lifetime).
-            process = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True)
+            with stop_deferred():
+                process = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             if log_path is not None:
                 log.close()  # type: ignore[union-attr]
-        wait_until(lambda: process.poll() is not None or accepts_connections("127.0.0.1", port),
-                   timeout=RESTART_TIMEOUT_SECONDS, what=str(old.args[0]))
+        try:
+            wait_until(lambda: process.poll() is not None or accepts_connections("127.0.0.1", port),
+                       timeout=RESTART_TIMEOUT_SECONDS, what=str(old.args[0]))
+        except BaseException:  # not handed back yet, so the stack's stop would not reach it
+            process.kill()
+            process.wait()
+            raise
         logger.info("restarted %s (pid %d)", old.args[0], process.pid)
         return process
 

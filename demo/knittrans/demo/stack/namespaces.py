@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from knittrans.errors import FailedPrecondition, InvalidArgument
+from knittrans.launch.interruptions import stop_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +143,14 @@ class NamespaceCluster:
             self._ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
             self._ip("-n", netns, "link", "set", "eth0", "up")
             self._ip("-n", netns, "link", "set", "lo", "up")
-            holder = subprocess.Popen(
-                ["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec sleep infinity"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            )
-            self._holders.append(holder)
+            with stop_deferred():  # recorded before a stop can come, so that the teardown reaches it
+                holder = subprocess.Popen(
+                    ["ip", "netns", "exec", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec sleep infinity"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+                self._holders.append(holder)
             self._wait_for_holder(holder, netns)
             self.nodes.append(Node(index=index, netns=netns, address=address, holder_pid=holder.pid))
         logger.info("namespace cluster %s: %s", self.tag, ", ".join(f"{n.name}={n.address}" for n in self.nodes))

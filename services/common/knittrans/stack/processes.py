@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from knittrans.errors import FailedPrecondition
+from knittrans.launch.interruptions import stop_deferred
 from knittrans.launch.lifetime import tied_to_this_process
 
 logger = logging.getLogger(__name__)
@@ -71,13 +72,14 @@ class ProcessGroup:
     ) -> ManagedProcess:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "wb")
-        process = subprocess.Popen(
-            self._command(argv), stdout=log_file, stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None, start_new_session=True,
-        )
-        managed = ManagedProcess(name=name, process=process, log_path=log_path, must_outlive_run=service,
-                                 _log_file=log_file, argv=tuple(argv), env=env)
-        self.processes.append(managed)
+        with stop_deferred():  # a stop between the fork and the append would leave the child out of stop_all
+            process = subprocess.Popen(
+                self._command(argv), stdout=log_file, stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None, start_new_session=True,
+            )
+            managed = ManagedProcess(name=name, process=process, log_path=log_path, must_outlive_run=service,
+                                     _log_file=log_file, argv=tuple(argv), env=env)
+            self.processes.append(managed)
         logger.debug("started %s (pid %d)", name, process.pid)
         return managed
 
@@ -122,10 +124,11 @@ class ProcessGroup:
         if managed._log_file is not None:
             managed._log_file.close()
         managed._log_file = log_file = open(managed.log_path, "ab")
-        managed.process = subprocess.Popen(
-            self._command(managed.argv), stdout=log_file, stderr=subprocess.STDOUT,
-            env=dict(managed.env) if managed.env is not None else None, start_new_session=True,
-        )
+        with stop_deferred():
+            managed.process = subprocess.Popen(
+                self._command(managed.argv), stdout=log_file, stderr=subprocess.STDOUT,
+                env=dict(managed.env) if managed.env is not None else None, start_new_session=True,
+            )
         managed.restarts += 1
         logger.info("restarted %s (pid %d)", managed.name, managed.process.pid)
 

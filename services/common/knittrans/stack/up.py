@@ -34,6 +34,7 @@ from knittrans.config import config_path_from_env, connection_file_from_env, con
 from knittrans.connection_file import SidecarEndpoint, StackConnection, write_connection_file
 from knittrans.errors import ConfigError
 from knittrans.job import FileLease, job_run_directory
+from knittrans.launch.interruptions import raise_stop
 from knittrans.launch.mooncake import SHORT_LEASE_TTL_MS
 from knittrans.stack.local import LocalStack
 from knittrans.stack.progress import Progress
@@ -199,7 +200,7 @@ def _stop_on_signals() -> Iterator[Callable[[], bool]]:
     def handle(signum: int, _frame: object) -> None:
         requested.append(signum)
         if not running[0]:
-            raise KeyboardInterrupt
+            raise_stop(KeyboardInterrupt())  # held back while a child's start is half done
 
     previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
 
