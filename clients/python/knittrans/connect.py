@@ -24,6 +24,7 @@ from knittrans.types import BACKBONE_ROLE
 if TYPE_CHECKING:
     from knittrans.client.admission import AdmissionClient
     from knittrans.rollout import RolloutClient
+    from knittrans.steps import RestorePoint, StepId
     from knittrans.trainer.client import TrainerClient
 
 DEFAULT_WAIT_SECONDS = 60.0
@@ -65,11 +66,13 @@ def rollout_client(connection_file: str | Path | None = None, *, namespace: str 
 
 
 def trainer_client(global_rank: int, connection_file: str | Path | None = None, *, role: str = BACKBONE_ROLE,
-                   wait_seconds: float = DEFAULT_WAIT_SECONDS, **settings: Any) -> TrainerClient:
+                   wait_seconds: float = DEFAULT_WAIT_SECONDS, restored_step: StepId | RestorePoint | None = None,
+                   **settings: Any) -> TrainerClient:
     """The :class:`TrainerClient` of global trainer rank ``global_rank`` for ``role`` (``backbone``, or
     ``encoder:<name>`` for a rank that reads an encoder's sidecar): its sidecar's socket and TP rank come from
-    the connection file, progress goes to the stack's admission service. ``settings`` are further
-    :class:`TrainerSettings` fields (``device``, ``prefetch``, ...)."""
+    the connection file, progress goes to the stack's admission service. ``restored_step``: as for
+    :class:`TrainerClient`, when the job restarts. ``settings`` are further :class:`TrainerSettings` fields
+    (``device``, ``prefetch``, ...)."""
     from knittrans.client.connection import ConnectionSettings
     from knittrans.trainer.client import TrainerClient
     from knittrans.trainer.settings import TrainerSettings
@@ -77,4 +80,5 @@ def trainer_client(global_rank: int, connection_file: str | Path | None = None, 
     connection = load_connection(connection_file, wait_seconds=wait_seconds)
     sidecar, tp_rank = connection.sidecar_for(global_rank, role)
     return TrainerClient(TrainerSettings(sidecar=sidecar.socket, tp_rank=tp_rank, global_rank=global_rank,
-                                         admission=ConnectionSettings(target=connection.admission), **settings))
+                                         admission=ConnectionSettings(target=connection.admission), **settings),
+                         restored_step=restored_step)

@@ -26,6 +26,7 @@ import yaml
 from knittrans.client.admission import AdmissionClient
 from knittrans.connection_file import StackConnection, read_connection_file
 from knittrans.rollout import RolloutClient
+from knittrans.steps import BEFORE_FIRST_STEP
 from knittrans.trainer import TrainerClient
 from knittrans.types import VersionSegment
 from tests.live_processes import running_with
@@ -263,3 +264,21 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_a_rank_started_again_from_the_connection_file_passes_its_restore_point(stack: RunningStack) -> None:
+    """A job restarted before its first checkpoint (TrainerClient.from_env(..., restored_step=BEFORE_FIRST_STEP))
+    gets the mini-batch its earlier process took to the end again; started plainly, it would get the next one."""
+    submit_trajectories(TRAIN_BATCH, np.random.default_rng(11))  # one train batch: two mini-batches
+
+    def first_minibatch(client: TrainerClient) -> tuple[int, list[str]]:
+        try:
+            mini = next(iter(client.mini_batches()))
+            return mini.sequence, [i for micro in mini for i in micro.trajectory_ids]  # taken to its last micro-batch
+        finally:
+            client.close()
+
+    sequence, taken = first_minibatch(TrainerClient.from_env(0, device="cpu"))
+    assert sequence == 1 and taken
+    again = first_minibatch(TrainerClient.from_env(0, device="cpu", restored_step=BEFORE_FIRST_STEP))
+    assert again == (1, taken)

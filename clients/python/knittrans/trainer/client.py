@@ -272,13 +272,15 @@ class TrainerClient:
 
     @classmethod
     def from_env(cls, global_rank: int, *, role: str = "backbone", connection_file: str | Path | None = None,
-                 wait_seconds: float = 60.0, **settings: Any) -> TrainerClient:
+                 wait_seconds: float = 60.0, restored_step: StepId | RestorePoint | None = None,
+                 **settings: Any) -> TrainerClient:
         """The client of global trainer rank ``global_rank`` of the stack ``knittrans up`` runs: its sidecar and
-        TP rank come from the connection file (:mod:`knittrans.connect`); ``settings`` are further
-        :class:`TrainerSettings` fields."""
+        TP rank come from the connection file (:mod:`knittrans.connect`); ``restored_step`` as for the
+        constructor; ``settings`` are further :class:`TrainerSettings` fields."""
         from knittrans.connect import trainer_client
 
-        return trainer_client(global_rank, connection_file, role=role, wait_seconds=wait_seconds, **settings)
+        return trainer_client(global_rank, connection_file, role=role, wait_seconds=wait_seconds,
+                              restored_step=restored_step, **settings)
 
     def close(self) -> None:
         if self._prefetcher is not None:

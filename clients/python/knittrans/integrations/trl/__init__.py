@@ -11,13 +11,14 @@ mini-batch KnitTrans admitted and planned, from the rank's reorg sidecar, normal
 pins them)."""
 
 from knittrans.integrations.trl.loss import LossType, PolicyLossSettings, micro_batch_loss
+from knittrans.integrations.trl.resume import ResumePoint, restored_step, resume_point
 from knittrans.integrations.trl.settings import (
     KnitTransGRPOSettings,
     TrainBatchShape,
     engine_config,
     trajectory_schema,
 )
-from knittrans.integrations.trl.trainer import KnitTransClients, KnitTransGRPOTrainer, restored_step
+from knittrans.integrations.trl.trainer import KnitTransClients, KnitTransGRPOTrainer
 from knittrans.integrations.trl.trajectories import GenerationBatchIds, generation_trajectories
 
 __all__ = [
@@ -27,10 +28,12 @@ __all__ = [
     "KnitTransGRPOTrainer",
     "LossType",
     "PolicyLossSettings",
+    "ResumePoint",
     "TrainBatchShape",
     "engine_config",
     "generation_trajectories",
     "micro_batch_loss",
     "restored_step",
+    "resume_point",
     "trajectory_schema",
 ]

@@ -19,9 +19,7 @@ both (:class:`KnitTransClients`): both in one process is TRL's own colocated loo
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -36,6 +34,7 @@ from trl import GRPOTrainer
 from knittrans.client.admission import AdmissionClient
 from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchRestarted
 from knittrans.integrations.trl.loss import PolicyLossSettings, micro_batch_loss
+from knittrans.integrations.trl.resume import mark_started, write_restored_step
 from knittrans.integrations.trl.settings import (
     KnitTransGRPOSettings,
     TrainBatchShape,
@@ -53,7 +52,6 @@ logger = logging.getLogger(__name__)
 # Admission waits for more ready data (AdmissionStatus.blocking_reason): the rollout generates. While it waits for
 # the trainers, the rollout waits too.
 WAITING_FOR_DATA = frozenset({"train_batch_size", "source_quota", "completion_quota", "feasibility"})
-STEP_FILE = "knittrans-step.json"  # in each checkpoint folder: the last KnitTrans step the checkpoint applied
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -69,17 +67,6 @@ class KnitTransClients:
     def __post_init__(self) -> None:
         if self.rollout is None and self.trainer is None:
             raise InvalidArgument("a process needs a rollout client, a trainer client or both", field="rollout")
-
-
-def restored_step(checkpoint: str | os.PathLike[str]) -> StepId | None:
-    """The KnitTrans step a TRL checkpoint folder applied (``TrainerClient(..., restored_step=...)`` when resuming
-    from it), or None for a checkpoint written without KnitTrans."""
-    path = Path(checkpoint) / STEP_FILE
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    return StepId(train_batch_index=int(data["train_batch_index"]), minibatch_index=int(data["minibatch_index"]),
-                  train_version=int(data["train_version"]))
 
 
 def _unsupported(trainer: Any) -> list[str]:
@@ -236,6 +223,7 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         if self.knittrans.rollout is not None and self.accelerator.num_processes == 1:
             self._generate_until_admitted()
         if self._minibatches is None:
+            mark_started(self.args.output_dir)  # a start after this one is a restart (resume_point)
             self._minibatches = client.mini_batches()
         mini = next(self._minibatches)
         self._taken += 1
@@ -306,8 +294,5 @@ class KnitTransGRPOTrainer(GRPOTrainer):
     def _report_checkpoint(self, folder: Path) -> None:
         if self.last_step is None or not self.args.should_save:
             return
-        step = self.last_step
-        (folder / STEP_FILE).write_text(json.dumps({"train_batch_index": step.train_batch_index,
-                                                    "minibatch_index": step.minibatch_index,
-                                                    "train_version": step.train_version}))
-        self.knittrans.admission.report_checkpoint(step)
+        write_restored_step(folder, self.last_step)
+        self.knittrans.admission.report_checkpoint(self.last_step)

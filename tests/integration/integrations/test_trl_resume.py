@@ -1,0 +1,154 @@
+"""A TRL job through KnitTrans killed and started again resumes where ``resume_point(output_dir)`` says, and gets
+the mini-batches its weights need again: after its newest checkpoint's step, or from the job's first when it had
+no checkpoint yet. Real processes: an admission service retaining units until a checkpoint covers them, a sidecar
+on a file store, a rollout process generating with TRL, and a trainer process SIGKILLed holding a mini-batch."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+from knittrans.integrations.trl import KnitTransGRPOSettings, TrainBatchShape, engine_config, trajectory_schema
+from knittrans.integrations.trl.resume import STARTED_FILE, ResumePoint, resume_point, write_restored_step
+from knittrans.steps import BEFORE_FIRST_STEP, StepId
+from tests.integration.reorg.processes import spawn, start_admission, start_sidecar
+
+WORKER = Path(__file__).with_name("trl_split_worker.py")
+QUOTAS = {"math": 0.5, "code": 0.25}
+
+
+def _step(minibatch: int) -> StepId:
+    return StepId(train_batch_index=minibatch, minibatch_index=0, train_version=minibatch)
+
+
+# ---- resume_point on folders laid out by hand ----------------------------------------------------------------------
+
+def test_a_first_start_resumes_nothing(tmp_path: Path) -> None:
+    assert resume_point(tmp_path / "absent") == ResumePoint(checkpoint=None, restored_step=None)
+    assert resume_point(tmp_path) == ResumePoint(checkpoint=None, restored_step=None)
+
+
+def test_a_restart_without_a_checkpoint_resumes_before_the_first_step(tmp_path: Path) -> None:
+    (tmp_path / STARTED_FILE).touch()
+    (tmp_path / "checkpoint-3").mkdir()  # cut short before the step file was written: passed over
+    assert resume_point(tmp_path) == ResumePoint(checkpoint=None, restored_step=BEFORE_FIRST_STEP)
+
+
+def test_the_newest_checkpoint_holding_its_step_wins_by_number_not_by_name(tmp_path: Path) -> None:
+    (tmp_path / STARTED_FILE).touch()
+    for number, minibatch in ((2, 1), (10, 4), (9, 3)):
+        (tmp_path / f"checkpoint-{number}").mkdir()
+        write_restored_step(tmp_path / f"checkpoint-{number}", _step(minibatch))
+    (tmp_path / "checkpoint-11").mkdir()  # no step file: cut short
+    (tmp_path / "checkpoint-12.tmp").mkdir()  # not a checkpoint folder
+    assert resume_point(tmp_path) == ResumePoint(checkpoint=tmp_path / "checkpoint-10", restored_step=_step(4))
+
+
+def test_a_checkpoint_with_no_step_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from knittrans.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as refused:
+        ResumePoint(checkpoint=tmp_path, restored_step=BEFORE_FIRST_STEP)
+    assert refused.value.field == "restored_step"
+
+
+# ---- a real job killed and resumed -----------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class _Job:
+    def __init__(self, tmp_path: Path, *, until_version: int) -> None:
+        settings = KnitTransGRPOSettings(sources=QUOTAS, staleness_bound=1, namespace="split")
+        shape = TrainBatchShape.of(per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                                   steps_per_generation=1, num_generations=4, world_size=1)
+        self.tmp_path = tmp_path
+        job = f"trlr{uuid.uuid4().hex[:6]}"
+        store = f"file://{tmp_path / 'units'}"
+        self.admission = start_admission(
+            tmp_path, job=job, store=store, topology={"backbone": {"dp": 1, "cp": 1, "max_tokens_per_microbatch": 24}},
+            train_batch_size=1, num_minibatches=1, schema=trajectory_schema(old_logprobs=False),
+            settings={"engine": engine_config(settings, shape), "retain_until_checkpoint": True})
+        self.address = self.admission.ready["address"]
+        self.sidecar = start_sidecar(tmp_path, job=job, store=store, admission=self.address, dp_rank=0, cp_rank=0)
+        self.rollout = spawn("rollout", [sys.executable, str(WORKER), "--role", "rollout", f"--out={tmp_path}",
+                                         f"--admission={self.address}", f"--store={store}",
+                                         f"--until-version={until_version}"], tmp_path)
+
+    def train(self, run: str, *flags: str) -> tuple[int, dict[int, list[str]]]:
+        """One trainer process; its exit status, and the trajectory ids of each mini-batch it took, by sequence."""
+        log = self.tmp_path / f"steps-{run}.jsonl"
+        process = spawn(f"trainer-{run}", [
+            sys.executable, str(WORKER), "--role", "trainer", "--rank", "0", "--world-size", "1",
+            f"--port={_free_port()}", f"--out={self.tmp_path}", f"--admission={self.address}",
+            f"--sidecars={self.sidecar.ready['address']}", f"--steps-log={log}", *flags], self.tmp_path)
+        code = process.popen.wait(timeout=240)
+        taken: dict[int, list[str]] = defaultdict(list)
+        for line in log.read_text().splitlines() if log.exists() else []:
+            record = json.loads(line)
+            taken[record["sequence"]].extend(record["ids"])
+        return code, dict(taken)
+
+    def result(self) -> dict:
+        result = json.loads((self.tmp_path / "rank0.json").read_text())
+        assert "crash" not in result, result["crash"]
+        return result
+
+    def stop(self) -> None:
+        for process in (self.rollout, self.sidecar, self.admission):
+            process.stop()
+
+
+def _kill_then_resume(tmp_path: Path, *, steps: int, kill_holding_step: int, save_steps: int,
+                      expected: ResumePoint) -> tuple[dict[int, list[str]], dict[int, list[str]], dict]:
+    """Run 1 trains until it is SIGKILLed taking the first micro-batch of ``kill_holding_step``; run 2 resumes
+    where ``resume_point`` says (checked to be ``expected``) and trains to ``steps``. What each took, and run 2's
+    result."""
+    job = _Job(tmp_path, until_version=steps)
+    try:
+        code, first = job.train("first", f"--max-steps={steps}", f"--save-steps={save_steps}",
+                                f"--kill-holding-step={kill_holding_step}")
+        assert code == -9, job.rollout.tail()
+        assert sorted(first) == list(range(1, kill_holding_step))  # the kill came before that step's first log
+        assert resume_point(tmp_path / "trainer0") == expected
+        code, second = job.train("second", f"--max-steps={steps}", "--resume")
+        assert code == 0
+        result = job.result()
+        assert job.rollout.popen.wait(timeout=120) == 0, job.rollout.tail()
+    finally:
+        job.stop()
+    assert result["global_step"] == steps
+    return first, second, result
+
+
+def test_a_job_killed_after_its_checkpoint_resumes_from_it_with_the_same_minibatches(tmp_path: Path) -> None:
+    # Checkpoint at step 2; steps 1-3 done; killed holding step 4's mini-batch.
+    first, second, result = _kill_then_resume(
+        tmp_path, steps=4, kill_holding_step=4, save_steps=2,
+        expected=ResumePoint(checkpoint=tmp_path / "trainer0" / "checkpoint-2", restored_step=_step(1)))
+    assert result["resumed_from"] == "checkpoint-2"
+    # Mini-batch 3 was stepped on after the checkpoint: it comes again, the same trajectories in the same order.
+    assert sorted(second) == [3, 4]
+    assert second[3] == first[3]
+    assert not set(second[4]) & {i for ids in first.values() for i in ids}
+
+
+def test_a_job_killed_before_its_first_checkpoint_gets_every_minibatch_again(tmp_path: Path) -> None:
+    first, second, result = _kill_then_resume(
+        tmp_path, steps=3, kill_holding_step=3, save_steps=0,
+        expected=ResumePoint(checkpoint=None, restored_step=BEFORE_FIRST_STEP))
+    assert result["resumed_from"] is None
+    # From its initial weights, the job trains mini-batches 1 and 2 again, as the killed process saw them.
+    assert sorted(second) == [1, 2, 3]
+    assert (second[1], second[2]) == (first[1], first[2])
