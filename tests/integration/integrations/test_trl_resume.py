@@ -1,13 +1,15 @@
 """A TRL job through KnitTrans killed and started again resumes where ``resume_point(output_dir)`` says, and gets
 the mini-batches its weights need again: after its newest checkpoint's step, or from the job's first when it had
 no checkpoint yet. Real processes: an admission service retaining units until a checkpoint covers them, a sidecar
-on a file store, a rollout process generating with TRL, and a trainer process SIGKILLed holding a mini-batch."""
+on a file store, a rollout process generating with TRL, and a trainer process SIGKILLed holding a mini-batch. A
+rollout process SIGKILLed and started again goes on under new trajectory ids."""
 
 from __future__ import annotations
 
 import json
 import socket
 import sys
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -16,10 +18,18 @@ import pytest
 
 pytest.importorskip("trl")
 
-from knittrans.integrations.trl import KnitTransGRPOSettings, TrainBatchShape, engine_config, trajectory_schema
+from knittrans.client.admission import AdmissionClient
+from knittrans.errors import InvalidArgument
+from knittrans.integrations.trl import (
+    GenerationBatchIds,
+    KnitTransGRPOSettings,
+    TrainBatchShape,
+    engine_config,
+    trajectory_schema,
+)
 from knittrans.integrations.trl.resume import STARTED_FILE, ResumePoint, resume_point, write_restored_step
 from knittrans.steps import BEFORE_FIRST_STEP, StepId
-from tests.integration.reorg.processes import spawn, start_admission, start_sidecar
+from tests.integration.reorg.processes import Process, spawn, start_admission, start_sidecar
 
 WORKER = Path(__file__).with_name("trl_split_worker.py")
 QUOTAS = {"math": 0.5, "code": 0.25}
@@ -53,11 +63,25 @@ def test_the_newest_checkpoint_holding_its_step_wins_by_number_not_by_name(tmp_p
 
 
 def test_a_checkpoint_with_no_step_is_refused_naming_the_field(tmp_path: Path) -> None:
-    from knittrans.errors import InvalidArgument
-
     with pytest.raises(InvalidArgument) as refused:
         ResumePoint(checkpoint=tmp_path, restored_step=BEFORE_FIRST_STEP)
     assert refused.value.field == "restored_step"
+
+
+def test_generation_ids_of_two_starts_never_meet_and_a_group_across_processes_keeps_its_sample() -> None:
+    def ids(start: str, process: int, generation: int = 0) -> list[tuple[str, str]]:
+        names = GenerationBatchIds(namespace="job", start=start, generation=generation, process_index=process,
+                                   group_size=4)
+        return [(names.trajectory_id(i, 6), names.sample_id(i, 6)) for i in range(6)]
+
+    first = ids("a1", 0) + ids("a1", 1) + ids("a1", 0, generation=1)
+    assert len({t for t, _ in first}) == 18
+    assert not {t for t, _ in first} & {t for t, _ in ids("b2", 0) + ids("b2", 1)}
+    # Rows 4-7 are one group of 4, split over processes 0 (rows 4, 5) and 1 (rows 6, 7).
+    assert {s for _, s in ids("a1", 0)[4:] + ids("a1", 1)[:2]} == {"job-a1-g0-s1"}
+    with pytest.raises(InvalidArgument) as refused:
+        GenerationBatchIds(namespace="job", start="a-1", generation=0, process_index=0, group_size=4)
+    assert refused.value.field == "start"
 
 
 # ---- a real job killed and resumed -----------------------------------------------------------------------------------
@@ -81,10 +105,14 @@ class _Job:
             train_batch_size=1, num_minibatches=1, schema=trajectory_schema(old_logprobs=False),
             settings={"engine": engine_config(settings, shape), "retain_until_checkpoint": True})
         self.address = self.admission.ready["address"]
+        self.store = store
         self.sidecar = start_sidecar(tmp_path, job=job, store=store, admission=self.address, dp_rank=0, cp_rank=0)
-        self.rollout = spawn("rollout", [sys.executable, str(WORKER), "--role", "rollout", f"--out={tmp_path}",
-                                         f"--admission={self.address}", f"--store={store}",
-                                         f"--until-version={until_version}"], tmp_path)
+        self.rollout = self.spawn_rollout(until_version)
+
+    def spawn_rollout(self, until_version: int, *, name: str = "rollout") -> Process:
+        return spawn(name, [sys.executable, str(WORKER), "--role", "rollout", f"--out={self.tmp_path}",
+                            f"--admission={self.address}", f"--store={self.store}",
+                            f"--until-version={until_version}"], self.tmp_path)
 
     def train(self, run: str, *flags: str) -> tuple[int, dict[int, list[str]]]:
         """One trainer process; its exit status, and the trajectory ids of each mini-batch it took, by sequence."""
@@ -152,3 +180,28 @@ def test_a_job_killed_before_its_first_checkpoint_gets_every_minibatch_again(tmp
     # From its initial weights, the job trains mini-batches 1 and 2 again, as the killed process saw them.
     assert sorted(second) == [1, 2, 3]
     assert (second[1], second[2]) == (first[1], first[2])
+
+
+def test_a_rollout_process_started_again_submits_new_trajectories_and_the_job_finishes(tmp_path: Path) -> None:
+    """The rollout process is SIGKILLed once it submitted a generation batch and started again: its generations
+    count from 0 again, and must not take the names of those its first process submitted."""
+    job = _Job(tmp_path, until_version=3)
+    try:
+        with AdmissionClient(job.address) as admission:
+            deadline = time.monotonic() + 120
+            while admission.status().pool_size == 0 and admission.status().admitted_total == 0:
+                assert time.monotonic() < deadline and job.rollout.alive(), job.rollout.tail()
+                time.sleep(0.1)
+        job.rollout.kill()
+        job.rollout = job.spawn_rollout(3, name="rollout-again")
+        code, taken = job.train("only", "--max-steps=3")
+        assert code == 0, (tmp_path / "trainer-only.log").read_text()[-3000:]
+        assert job.rollout.popen.wait(timeout=120) == 0, job.rollout.tail()
+    finally:
+        job.stop()
+    again = json.loads((tmp_path / "rollout.json").read_text())
+    assert "crash" not in again, again["crash"]
+    trained = [i for ids in taken.values() for i in ids]
+    assert sorted(taken) == [1, 2, 3]
+    assert len(trained) == len(set(trained)) == 3 * 8
+    assert set(trained) - set(again["trajectories"])  # the first start's trajectories trained too, under their names

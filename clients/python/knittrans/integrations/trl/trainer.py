@@ -20,6 +20,7 @@ both (:class:`KnitTransClients`): both in one process is TRL's own colocated loo
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
@@ -118,6 +120,7 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         self.knittrans_settings = knittrans_settings or KnitTransGRPOSettings()
         self._loss_settings = PolicyLossSettings(loss_type=self.loss_type, epsilon_low=self.epsilon_low,
                                                  epsilon_high=self.epsilon_high, delta=self.args.delta)
+        self._start = self._agreed_start()
         self._generation = 0
         self._minibatches: Iterator[MiniBatch] | None = None
         self._current: MiniBatch | None = None
@@ -126,6 +129,14 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         self.last_step: StepId | None = None  # the last mini-batch whose optimizer step finished here
         self.submitted: list[str] = []  # trajectory ids this process submitted, in order
         self.add_callback(_ReportProgress(self))
+
+    def _agreed_start(self) -> str:
+        """A name for this start, process 0's for every process of the world (a GRPO group can span processes,
+        and keeps one sample id)."""
+        start = [secrets.token_hex(4)]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(start, from_process=0)
+        return start[0]
 
     # ---- what the admission service needs ----------------------------------------------------------------
 
@@ -162,7 +173,7 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         settings = self.knittrans_settings
         sources = [str(row.get(settings.source_column, settings.default_source)) for row in inputs]
         version = self.knittrans.admission.status().policy_version  # the policy this batch was generated with
-        ids = GenerationBatchIds(namespace=settings.namespace, generation=self._generation,
+        ids = GenerationBatchIds(namespace=settings.namespace, start=self._start, generation=self._generation,
                                  process_index=self.accelerator.process_index, group_size=self.num_generations)
         trajectories = generation_trajectories(output, sources=sources, ids=ids, policy_version=version)
         metas = rollout.submit_many(trajectories)

@@ -30,18 +30,25 @@ class GenerationBatchIds:
     a group split across processes keeps one sample id."""
 
     namespace: str
-    generation: int  # the how-manieth generation batch of this run
+    # Names this start of the job's processes apart from earlier ones: a rollout process started again counts its
+    # generation batches from 0 again, and the names its first start submitted are taken for good.
+    start: str
+    generation: int  # the how-manieth generation batch of this start
     process_index: int
     group_size: int
+
+    def __post_init__(self) -> None:
+        if not self.start.isalnum():
+            raise InvalidArgument(f"must be letters and digits, not {self.start!r}", field="start")
 
     def row(self, index: int, rows: int) -> int:
         return self.process_index * rows + index
 
     def trajectory_id(self, index: int, rows: int) -> str:
-        return f"{self.namespace}-g{self.generation}-t{self.row(index, rows)}"
+        return f"{self.namespace}-{self.start}-g{self.generation}-t{self.row(index, rows)}"
 
     def sample_id(self, index: int, rows: int) -> str:
-        return f"{self.namespace}-g{self.generation}-s{self.row(index, rows) // self.group_size}"
+        return f"{self.namespace}-{self.start}-g{self.generation}-s{self.row(index, rows) // self.group_size}"
 
 
 def _rows(tensor: Any, name: str) -> torch.Tensor:
