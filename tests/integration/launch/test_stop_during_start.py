@@ -101,11 +101,15 @@ def test_a_stop_while_the_group_starts_children_leaves_none_outside_it(
     for attempt in range(30):
         group = ProcessGroup(tmp_path / f"logs-{attempt}", stop_with_parent=True)
         signal_timer = threading.Timer(rng.uniform(0.0, 0.004), os.kill, (os.getpid(), signal.SIGTERM))
-        signal_timer.start()
         try:
+            signal_timer.start()  # in the try: a timer of no delay can fire before start() returns
             for index in range(3):
                 group.start(f"sleeper-{index}", ["sleep", marker], service=False)
-            time.sleep(0.05)  # the signal came after the starts: it is raised here
+            # Under load the timer can fire after the starts: its handler must still run inside this try, or the
+            # stop would end the test run itself.
+            signal_timer.join()
+            for _ in range(100):
+                time.sleep(0.001)
         except Stopped:
             interrupted += 1
         finally:
