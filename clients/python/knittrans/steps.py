@@ -27,6 +27,12 @@ class StepId:
     def __str__(self) -> str:
         return f"train batch {self.train_batch_index}, mini-batch {self.minibatch_index} (v{self.train_version})"
 
+    def sequence(self, num_minibatches: int) -> int:
+        """The mini-batch's sequence number in a job of ``num_minibatches`` per train batch (the first is 1)."""
+        if not 0 <= self.minibatch_index < num_minibatches:
+            raise InvalidArgument(f"mini-batch {self.minibatch_index} of {num_minibatches}", field="minibatch_index")
+        return self.train_batch_index * num_minibatches + self.minibatch_index + 1
+
 
 class RestorePoint(StrEnum):
     """A restored state that holds no :class:`StepId`."""

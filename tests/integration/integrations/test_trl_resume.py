@@ -27,7 +27,13 @@ from knittrans.integrations.trl import (
     engine_config,
     trajectory_schema,
 )
-from knittrans.integrations.trl.resume import STARTED_FILE, ResumePoint, resume_point, write_restored_step
+from knittrans.integrations.trl.resume import (
+    STARTED_FILE,
+    ResumePoint,
+    next_sequence,
+    resume_point,
+    write_restored_step,
+)
 from knittrans.steps import BEFORE_FIRST_STEP, StepId
 from tests.integration.reorg.processes import Process, spawn, start_admission, start_sidecar
 
@@ -84,6 +90,17 @@ def test_generation_ids_of_two_starts_never_meet_and_a_group_across_processes_ke
     assert refused.value.field == "start"
 
 
+@pytest.mark.parametrize(("last_taken", "restored", "expected"), [
+    (None, None, 1),
+    (None, BEFORE_FIRST_STEP, 1),
+    (None, StepId(train_batch_index=1, minibatch_index=1, train_version=1), 5),  # 2 per train batch: 4 applied
+    (5, StepId(train_batch_index=1, minibatch_index=1, train_version=1), 6),
+    (2, None, 3),
+])
+def test_the_next_minibatch_of_a_resumed_process_follows_its_restored_step(last_taken, restored, expected) -> None:
+    assert next_sequence(last_taken=last_taken, restored=restored, num_minibatches=2) == expected
+
+
 # ---- a real job killed and resumed -----------------------------------------------------------------------------------
 
 def _free_port() -> int:
@@ -93,7 +110,8 @@ def _free_port() -> int:
 
 
 class _Job:
-    def __init__(self, tmp_path: Path, *, until_version: int) -> None:
+    def __init__(self, tmp_path: Path, *, until_version: int | None) -> None:
+        """``until_version``: what the rollout process generates for; None: no rollout process (colocated)."""
         settings = KnitTransGRPOSettings(sources=QUOTAS, staleness_bound=1, namespace="split")
         shape = TrainBatchShape.of(per_device_train_batch_size=8, gradient_accumulation_steps=1,
                                    steps_per_generation=1, num_generations=4, world_size=1)
@@ -107,7 +125,7 @@ class _Job:
         self.address = self.admission.ready["address"]
         self.store = store
         self.sidecar = start_sidecar(tmp_path, job=job, store=store, admission=self.address, dp_rank=0, cp_rank=0)
-        self.rollout = self.spawn_rollout(until_version)
+        self.rollout = None if until_version is None else self.spawn_rollout(until_version)
 
     def spawn_rollout(self, until_version: int, *, name: str = "rollout") -> Process:
         return spawn(name, [sys.executable, str(WORKER), "--role", "rollout", f"--out={self.tmp_path}",
@@ -135,25 +153,29 @@ class _Job:
 
     def stop(self) -> None:
         for process in (self.rollout, self.sidecar, self.admission):
-            process.stop()
+            if process is not None:
+                process.stop()
 
 
 def _kill_then_resume(tmp_path: Path, *, steps: int, kill_holding_step: int, save_steps: int,
-                      expected: ResumePoint) -> tuple[dict[int, list[str]], dict[int, list[str]], dict]:
+                      expected: ResumePoint, colocated: bool = False
+                      ) -> tuple[dict[int, list[str]], dict[int, list[str]], dict]:
     """Run 1 trains until it is SIGKILLed taking the first micro-batch of ``kill_holding_step``; run 2 resumes
     where ``resume_point`` says (checked to be ``expected``) and trains to ``steps``. What each took, and run 2's
-    result."""
-    job = _Job(tmp_path, until_version=steps)
+    result. ``colocated``: the trainer generates itself (TRL's own loop); else a rollout process does."""
+    job = _Job(tmp_path, until_version=None if colocated else steps)
+    generating = ("--colocated", f"--store={job.store}") if colocated else ()
     try:
         code, first = job.train("first", f"--max-steps={steps}", f"--save-steps={save_steps}",
-                                f"--kill-holding-step={kill_holding_step}")
-        assert code == -9, job.rollout.tail()
+                                f"--kill-holding-step={kill_holding_step}", *generating)
+        assert code == -9, (tmp_path / "trainer-first.log").read_text()[-3000:]
         assert sorted(first) == list(range(1, kill_holding_step))  # the kill came before that step's first log
         assert resume_point(tmp_path / "trainer0") == expected
-        code, second = job.train("second", f"--max-steps={steps}", "--resume")
+        code, second = job.train("second", f"--max-steps={steps}", "--resume", *generating)
         assert code == 0
         result = job.result()
-        assert job.rollout.popen.wait(timeout=120) == 0, job.rollout.tail()
+        if job.rollout is not None:
+            assert job.rollout.popen.wait(timeout=120) == 0, job.rollout.tail()
     finally:
         job.stop()
     assert result["global_step"] == steps
@@ -205,3 +227,17 @@ def test_a_rollout_process_started_again_submits_new_trajectories_and_the_job_fi
     assert sorted(taken) == [1, 2, 3]
     assert len(trained) == len(set(trained)) == 3 * 8
     assert set(trained) - set(again["trajectories"])  # the first start's trajectories trained too, under their names
+
+
+def test_the_colocated_loop_resumed_from_a_checkpoint_trains_the_retained_minibatches_then_generates_on(
+    tmp_path: Path,
+) -> None:
+    """TRL's own loop, generating in the trainer process: on resume it generates again (new trajectories, under
+    the new start's ids) while the sidecar first delivers the retained mini-batches its weights need; steps 5 and 6
+    need data generated after the resume, counted from the restored step (not from this process's first take)."""
+    first, second, result = _kill_then_resume(
+        tmp_path, steps=6, kill_holding_step=4, save_steps=2, colocated=True,
+        expected=ResumePoint(checkpoint=tmp_path / "trainer0" / "checkpoint-2", restored_step=_step(1)))
+    assert result["resumed_from"] == "checkpoint-2"
+    assert sorted(second) == [3, 4, 5, 6]
+    assert second[3] == first[3]

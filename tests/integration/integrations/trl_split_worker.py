@@ -80,6 +80,8 @@ def trainer_rank(args: argparse.Namespace) -> dict[str, Any]:
         ResumePoint,
         resume_point,
     )
+    from knittrans.rollout import RolloutClient
+    from knittrans.store.factory import open_store
     from knittrans.trainer import TrainerClient, TrainerSettings
     from tests.integration.integrations import tiny_trl
 
@@ -116,17 +118,21 @@ def trainer_rank(args: argparse.Namespace) -> dict[str, Any]:
                                            wait_timeout_seconds=30,
                                            admission=ConnectionSettings(target=args.admission)),
                            restored_step=point.restored_step)
+    # --colocated: TRL's own loop, generating in this process too.
+    rollout = RolloutClient(open_store(args.store), namespace="split", reporter=admission) if args.colocated else None
     settings = KnitTransGRPOSettings(sources={"math": 0.5, "code": 0.25}, staleness_bound=1, namespace="split")
     trainer = Recording(model=tiny_trl.model(), reward_funcs=tiny_trl.reward,
                         args=grpo_config(output_dir, 8, max_steps=args.max_steps, save_steps=args.save_steps,
                                          ddp_backend="gloo"),
                         train_dataset=tiny_trl.dataset(("math", "code")), processing_class=tiny_trl.tokenizer(),
-                        knittrans=KnitTransClients(admission=admission, trainer=client), knittrans_settings=settings,
-                        callbacks=[Capture()])
+                        knittrans=KnitTransClients(admission=admission, rollout=rollout, trainer=client),
+                        knittrans_settings=settings, callbacks=[Capture()])
     engine = trainer.admission_config()["engine"]
     trainer.train(resume_from_checkpoint=None if point.checkpoint is None else str(point.checkpoint))
     world = trainer.accelerator.num_processes
     client.close()
+    if rollout is not None:
+        rollout.close()
     admission.close()
     return {"steps": steps, "engine": engine, "world": world, "global_step": trainer.state.global_step,
             "resumed_from": None if point.checkpoint is None else point.checkpoint.name,
@@ -148,6 +154,7 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=0, help="0: no checkpoints")
     parser.add_argument("--kill-holding-step", type=int, default=0,
                         help="SIGKILL this process as it takes the first micro-batch of this optimizer step (1-based)")
+    parser.add_argument("--colocated", action="store_true", help="trainer: generate and submit too (needs --store)")
     parser.add_argument("--resume", action="store_true", help="resume where resume_point(output_dir) says")
     parser.add_argument("--steps-log", type=Path, help="append each micro-batch's trajectory ids here as it trains")
     args = parser.parse_args()

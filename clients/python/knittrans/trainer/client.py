@@ -282,6 +282,11 @@ class TrainerClient:
         return trainer_client(global_rank, connection_file, role=role, wait_seconds=wait_seconds,
                               restored_step=restored_step, **settings)
 
+    @property
+    def restored_step(self) -> StepId | RestorePoint | None:
+        """What this client was started with (see the constructor)."""
+        return self._restored_step
+
     def close(self) -> None:
         if self._prefetcher is not None:
             self._prefetcher.stop()

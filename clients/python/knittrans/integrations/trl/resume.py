@@ -79,3 +79,11 @@ def resume_point(output_dir: str | os.PathLike[str]) -> ResumePoint:
     if (directory / STARTED_FILE).exists():
         return ResumePoint(checkpoint=None, restored_step=BEFORE_FIRST_STEP)
     return ResumePoint(checkpoint=None, restored_step=None)
+
+
+def next_sequence(*, last_taken: int | None, restored: StepId | RestorePoint | None, num_minibatches: int) -> int:
+    """The sequence number of the mini-batch a process takes next: after the one it took last, else after the step
+    it restored (a resumed process starts there, not at the job's first mini-batch)."""
+    if last_taken is not None:
+        return last_taken + 1
+    return restored.sequence(num_minibatches) + 1 if isinstance(restored, StepId) else 1

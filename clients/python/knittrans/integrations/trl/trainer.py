@@ -36,7 +36,7 @@ from trl import GRPOTrainer
 from knittrans.client.admission import AdmissionClient
 from knittrans.errors import FailedPrecondition, InvalidArgument, MiniBatchRestarted
 from knittrans.integrations.trl.loss import PolicyLossSettings, micro_batch_loss
-from knittrans.integrations.trl.resume import mark_started, write_restored_step
+from knittrans.integrations.trl.resume import mark_started, next_sequence, write_restored_step
 from knittrans.integrations.trl.settings import (
     KnitTransGRPOSettings,
     TrainBatchShape,
@@ -124,7 +124,7 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         self._generation = 0
         self._minibatches: Iterator[MiniBatch] | None = None
         self._current: MiniBatch | None = None
-        self._taken = 0  # mini-batches taken from the trainer client
+        self._last_sequence: int | None = None  # of the last mini-batch taken from the trainer client
         self._extra_batches: Iterator[Any] | None = None
         self.last_step: StepId | None = None  # the last mini-batch whose optimizer step finished here
         self.submitted: list[str] = []  # trajectory ids this process submitted, in order
@@ -237,7 +237,7 @@ class KnitTransGRPOTrainer(GRPOTrainer):
             mark_started(self.args.output_dir)  # a start after this one is a restart (resume_point)
             self._minibatches = client.mini_batches()
         mini = next(self._minibatches)
-        self._taken += 1
+        self._last_sequence = mini.sequence
         return mini
 
     def _generate_until_admitted(self) -> None:
@@ -247,7 +247,10 @@ class KnitTransGRPOTrainer(GRPOTrainer):
         while True:
             status = self.knittrans.admission.status()
             admitted = status.train_batch_index * status.num_minibatches + status.minibatch_index
-            if admitted > self._taken or status.blocking_reason not in WAITING_FOR_DATA:
+            client = self.knittrans.trainer
+            wanted = next_sequence(last_taken=self._last_sequence, num_minibatches=status.num_minibatches,
+                                   restored=client.restored_step if client is not None else None)
+            if admitted >= wanted or status.blocking_reason not in WAITING_FOR_DATA:
                 return
             if self._extra_batches is None:
                 self._extra_batches = iter(self.get_train_dataloader())
