@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -18,7 +17,6 @@ import pytest
 
 pytest.importorskip("trl")
 
-from knittrans.client.admission import AdmissionClient
 from knittrans.errors import InvalidArgument
 from knittrans.integrations.trl import (
     GenerationBatchIds,
@@ -182,51 +180,40 @@ def _kill_then_resume(tmp_path: Path, *, steps: int, kill_holding_step: int, sav
     return first, second, result
 
 
-def test_a_job_killed_after_its_checkpoint_resumes_from_it_with_the_same_minibatches(tmp_path: Path) -> None:
-    # Checkpoint at step 2; steps 1-3 done; killed holding step 4's mini-batch.
-    first, second, result = _kill_then_resume(
-        tmp_path, steps=4, kill_holding_step=4, save_steps=2,
-        expected=ResumePoint(checkpoint=tmp_path / "trainer0" / "checkpoint-2", restored_step=_step(1)))
-    assert result["resumed_from"] == "checkpoint-2"
-    # Mini-batch 3 was stepped on after the checkpoint: it comes again, the same trajectories in the same order.
-    assert sorted(second) == [3, 4]
-    assert second[3] == first[3]
-    assert not set(second[4]) & {i for ids in first.values() for i in ids}
-
-
-def test_a_job_killed_before_its_first_checkpoint_gets_every_minibatch_again(tmp_path: Path) -> None:
-    first, second, result = _kill_then_resume(
-        tmp_path, steps=3, kill_holding_step=3, save_steps=0,
-        expected=ResumePoint(checkpoint=None, restored_step=BEFORE_FIRST_STEP))
-    assert result["resumed_from"] is None
-    # From its initial weights, the job trains mini-batches 1 and 2 again, as the killed process saw them.
-    assert sorted(second) == [1, 2, 3]
-    assert (second[1], second[2]) == (first[1], first[2])
-
-
-def test_a_rollout_process_started_again_submits_new_trajectories_and_the_job_finishes(tmp_path: Path) -> None:
-    """The rollout process is SIGKILLed once it submitted a generation batch and started again: its generations
-    count from 0 again, and must not take the names of those its first process submitted."""
-    job = _Job(tmp_path, until_version=3)
+def test_a_split_job_killed_twice_resumes_each_time_with_the_minibatches_its_weights_need(tmp_path: Path) -> None:
+    """One job, three trainer starts and two rollout starts (one job, so that the suite starts its servers once):
+    killed before any checkpoint, then after one, each time holding a mini-batch; the rollout process killed and
+    started again in between, its generation batches counted from 0 again under new ids."""
+    job = _Job(tmp_path, until_version=5)
+    output_dir = tmp_path / "trainer0"
     try:
-        with AdmissionClient(job.address) as admission:
-            deadline = time.monotonic() + 120
-            while admission.status().pool_size == 0 and admission.status().admitted_total == 0:
-                assert time.monotonic() < deadline and job.rollout.alive(), job.rollout.tail()
-                time.sleep(0.1)
+        code, first = job.train("first", "--max-steps=5", "--save-steps=3", "--kill-holding-step=2")
+        assert code == -9 and sorted(first) == [1], (tmp_path / "trainer-first.log").read_text()[-3000:]
+        assert resume_point(output_dir) == ResumePoint(checkpoint=None, restored_step=BEFORE_FIRST_STEP)
         job.rollout.kill()
-        job.rollout = job.spawn_rollout(3, name="rollout-again")
-        code, taken = job.train("only", "--max-steps=3")
-        assert code == 0, (tmp_path / "trainer-only.log").read_text()[-3000:]
+        job.rollout = job.spawn_rollout(5, name="rollout-again")
+
+        code, second = job.train("second", "--max-steps=5", "--save-steps=3", "--kill-holding-step=5", "--resume")
+        assert code == -9 and sorted(second) == [1, 2, 3, 4], (tmp_path / "trainer-second.log").read_text()[-3000:]
+        assert resume_point(output_dir) == ResumePoint(checkpoint=output_dir / "checkpoint-3",
+                                                       restored_step=_step(2))
+
+        code, third = job.train("third", "--max-steps=5", "--resume")
+        assert code == 0
+        result = job.result()
         assert job.rollout.popen.wait(timeout=120) == 0, job.rollout.tail()
     finally:
         job.stop()
+    # From its initial weights, start 2 trains mini-batch 1 again as start 1 saw it; from checkpoint-3, start 3
+    # trains mini-batch 4 again as start 2 saw it.
+    assert second[1] == first[1]
+    assert result["resumed_from"] == "checkpoint-3" and result["global_step"] == 5
+    assert sorted(third) == [4, 5] and third[4] == second[4]
+    trained = [i for k in (1, 2, 3, 4) for i in second[k]] + third[5]
+    assert len(trained) == len(set(trained)) == 5 * 8
     again = json.loads((tmp_path / "rollout.json").read_text())
-    assert "crash" not in again, again["crash"]
-    trained = [i for ids in taken.values() for i in ids]
-    assert sorted(taken) == [1, 2, 3]
-    assert len(trained) == len(set(trained)) == 3 * 8
-    assert set(trained) - set(again["trajectories"])  # the first start's trajectories trained too, under their names
+    assert "crash" not in again, again["crash"]  # before, the second rollout start died on its first submission
+    assert set(third[5]) <= set(again["trajectories"])  # generated at version 3 or later: by the second start
 
 
 def test_the_colocated_loop_resumed_from_a_checkpoint_trains_the_retained_minibatches_then_generates_on(
