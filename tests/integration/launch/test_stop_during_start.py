@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from knittrans.launch.interruptions import raise_stop, stop_deferred
+from knittrans.launch.redis import start_redis
 from knittrans.stack.processes import ProcessGroup
-from tests.live_processes import children_of
+from tests.live_processes import children_of, live_processes, running_with
 
 
 class Stopped(KeyboardInterrupt):
@@ -123,3 +124,33 @@ def test_a_stop_while_the_group_starts_children_leaves_none_outside_it(
         assert ours <= recorded, f"attempt {attempt}: children {sorted(ours - recorded)} outside the group"
     assert interrupted == 30
     assert not [pid for pid, command in children_of(os.getpid()).items() if marker in command]
+
+
+def test_a_stop_while_redis_starts_leaves_no_server_running(
+    tmp_path: Path, sigterm_raises_through_raise_stop: None,
+) -> None:
+    """A launcher holds its server only until it returns it: stopped before, it stops the server itself (also
+    when the stop was held back through the fork and comes out at the section's end)."""
+    rng = random.Random(11)
+    outcomes = []
+    for attempt in range(12):
+        directory = tmp_path / f"redis-{attempt}"
+        signal_timer = threading.Timer(rng.uniform(0.0, 0.03), os.kill, (os.getpid(), signal.SIGTERM))
+        server = None
+        try:
+            signal_timer.start()
+            server = start_redis(directory)
+            signal_timer.join()
+            for _ in range(100):
+                time.sleep(0.001)
+        except Stopped:
+            outcomes.append("stopped")
+        finally:
+            signal_timer.join()
+            if server is not None:
+                server.stop()
+        left = running_with(str(directory))
+        for pid in [pid for pid, command in live_processes().items() if str(directory) in command]:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"attempt {attempt}: {left}"
+    assert outcomes.count("stopped") == 12

@@ -196,7 +196,7 @@ def _stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 
 def _spawn(command: list[str], log_path: Path, *, die_with_parent: bool) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as log, stop_deferred():
+    with open(log_path, "ab") as log:
         return subprocess.Popen(
             lifetime.tied_to_this_process(command) if die_with_parent else command,
             stdout=log,
@@ -223,20 +223,23 @@ def _start_listening(
     last = ""
     for _ in range(1 if port else 5):
         chosen = port or _free_port_for(bind_host)
-        process = _spawn(command_for_port(chosen), log_path, die_with_parent=die_with_parent)
+        process: subprocess.Popen[bytes] | None = None
         try:
+            with stop_deferred():
+                process = _spawn(command_for_port(chosen), log_path, die_with_parent=die_with_parent)
             wait_until(
                 partial(_exited_or_listening, process, probe_host, chosen),
                 timeout=timeout,
                 what=what,
             )
-        except TimeoutError:
-            _stop(process)
+        except BaseException as failure:
+            # Stopped while it starts (a stop held back by the section comes out of it too): nobody else holds it.
+            if process is not None:
+                _stop(process)
+            if not isinstance(failure, TimeoutError):
+                raise
             last = "timed out"
             continue
-        except BaseException:  # stopped while it starts: nobody else holds it yet
-            _stop(process)
-            raise
         if process.poll() is None:
             return process, chosen
         last = f"exited with {process.returncode}"

@@ -92,23 +92,24 @@ def start_redis(
         command = [binary, *config_file, "--bind", bind_host, "--port", str(chosen), "--dir", str(directory),
                    "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
                    "--daemonize", "no", "--logfile", str(log_path)]
-        with stop_deferred():
-            process = subprocess.Popen(
-                lifetime.tied_to_this_process(command) if die_with_parent else command,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )
+        process: subprocess.Popen[bytes] | None = None
         try:
+            with stop_deferred():
+                process = subprocess.Popen(
+                    lifetime.tied_to_this_process(command) if die_with_parent else command,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                )
             wait_until(partial(_exited_or_listening, process, host, chosen),
                        timeout=timeout, what="redis-server")
-        except TimeoutError:
-            process.kill()
-            process.wait()
+        except BaseException as failure:
+            # Stopped while it starts (a stop held back by the section comes out of it too): nobody else holds it.
+            if process is not None:
+                process.kill()
+                process.wait()
+            if not isinstance(failure, TimeoutError):
+                raise
             last_error = f"not listening after {timeout:.0f}s"
             continue
-        except BaseException:  # stopped while it starts: nobody else holds it yet
-            process.kill()
-            process.wait()
-            raise
         if process.poll() is None:
             logger.info("redis-server pid %d on %s (dir %s)", process.pid, host_port(host, chosen), directory)
             return RedisServer(port=chosen, data_dir=directory, process=process, _owns_dir=owns_dir, host=host,

@@ -137,23 +137,25 @@ class Supervisor:
     @staticmethod
     def _respawn(old: subprocess.Popen, port: int, log_path: Path | None) -> subprocess.Popen:
         log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+        process: subprocess.Popen | None = None
         try:
             # The same command, so tied to this driver's life as the first was (knittrans.launch.lifetime).
             with stop_deferred():
                 process = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            started = process
+            wait_until(lambda: started.poll() is not None or accepts_connections("127.0.0.1", port),
+                       timeout=RESTART_TIMEOUT_SECONDS, what=str(old.args[0]))
+        except BaseException:  # not handed back yet, so the stack's stop would not reach it
+            if process is not None:
+                process.kill()
+                process.wait()
+            raise
         finally:
             if log_path is not None:
                 log.close()  # type: ignore[union-attr]
-        try:
-            wait_until(lambda: process.poll() is not None or accepts_connections("127.0.0.1", port),
-                       timeout=RESTART_TIMEOUT_SECONDS, what=str(old.args[0]))
-        except BaseException:  # not handed back yet, so the stack's stop would not reach it
-            process.kill()
-            process.wait()
-            raise
-        logger.info("restarted %s (pid %d)", old.args[0], process.pid)
-        return process
+        logger.info("restarted %s (pid %d)", old.args[0], started.pid)
+        return started
 
 
 def kind_of(name: str) -> str:
