@@ -39,9 +39,8 @@ from pathlib import Path
 from knittrans.addresses import advertised_host, host_port
 from knittrans.errors import FailedPrecondition, InvalidArgument
 from knittrans.launch import lifetime
-from knittrans.launch.interruptions import stop_deferred
 from knittrans.launch.logs import failure_message
-from knittrans.launch.ports import accepts_connections, free_port, wait_until
+from knittrans.launch.ports import free_port, start_listening
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +72,6 @@ class MooncakeClusterConfig:
         if not isinstance(self.client_ttl_s, int) or self.client_ttl_s < 1:
             raise InvalidArgument("must be a positive integer", field="client_ttl_s")
 
-
-
-def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
-    return process.poll() is not None or accepts_connections(host, port)
 
 
 def mooncake_binary(name: str) -> Path:
@@ -223,21 +218,11 @@ def _start_listening(
     last = ""
     for _ in range(1 if port else 5):
         chosen = port or _free_port_for(bind_host)
-        process: subprocess.Popen[bytes] | None = None
         try:
-            with stop_deferred():
-                process = _spawn(command_for_port(chosen), log_path, die_with_parent=die_with_parent)
-            wait_until(
-                partial(_exited_or_listening, process, probe_host, chosen),
-                timeout=timeout,
-                what=what,
-            )
-        except BaseException as failure:
-            # Stopped while it starts (a stop held back by the section comes out of it too): nobody else holds it.
-            if process is not None:
-                _stop(process)
-            if not isinstance(failure, TimeoutError):
-                raise
+            process = start_listening(partial(_spawn, command_for_port(chosen), log_path,
+                                              die_with_parent=die_with_parent),
+                                      host=probe_host, port=chosen, stop=_stop, timeout=timeout, what=what)
+        except TimeoutError:
             last = "timed out"
             continue
         if process.poll() is None:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
+
+from knittrans.launch.interruptions import stop_deferred
+
+Server = TypeVar("Server", bound="subprocess.Popen[Any]")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -29,3 +35,27 @@ def accepts_connections(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def kill_and_reap(process: subprocess.Popen[Any]) -> None:
+    process.kill()
+    process.wait()
+
+
+def start_listening(start: Callable[[], Server], *, host: str, port: int, stop: Callable[[Server], None],
+                    timeout: float, what: str) -> Server:
+    """``start()`` a server and wait until it accepts connections on ``host:port`` or has exited (the caller reads
+    which from its status). Until this returns nobody else holds the process, so on any failure it is stopped
+    (``stop``) first: the wait's TimeoutError, and a stop signal, also one held back through the start
+    (:func:`~knittrans.launch.interruptions.stop_deferred`, under which ``start`` runs)."""
+    process: Server | None = None
+    try:
+        with stop_deferred():
+            process = start()
+        started = process
+        wait_until(lambda: started.poll() is not None or accepts_connections(host, port), timeout=timeout, what=what)
+    except BaseException:
+        if process is not None:
+            stop(process)
+        raise
+    return started

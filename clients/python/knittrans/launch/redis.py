@@ -17,9 +17,8 @@ from pathlib import Path
 from knittrans.addresses import advertised_host, host_port, is_loopback
 from knittrans.errors import FailedPrecondition
 from knittrans.launch import lifetime
-from knittrans.launch.interruptions import stop_deferred
 from knittrans.launch.logs import failure_message
-from knittrans.launch.ports import accepts_connections, free_port, wait_until
+from knittrans.launch.ports import free_port, kill_and_reap, start_listening
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +50,8 @@ class RedisServer:
 
 
 
-def _exited_or_listening(process: subprocess.Popen[bytes], host: str, port: int) -> bool:
-    return process.poll() is not None or accepts_connections(host, port)
+def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def start_redis(
@@ -92,22 +91,11 @@ def start_redis(
         command = [binary, *config_file, "--bind", bind_host, "--port", str(chosen), "--dir", str(directory),
                    "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
                    "--daemonize", "no", "--logfile", str(log_path)]
-        process: subprocess.Popen[bytes] | None = None
+        argv = lifetime.tied_to_this_process(command) if die_with_parent else command
         try:
-            with stop_deferred():
-                process = subprocess.Popen(
-                    lifetime.tied_to_this_process(command) if die_with_parent else command,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                )
-            wait_until(partial(_exited_or_listening, process, host, chosen),
-                       timeout=timeout, what="redis-server")
-        except BaseException as failure:
-            # Stopped while it starts (a stop held back by the section comes out of it too): nobody else holds it.
-            if process is not None:
-                process.kill()
-                process.wait()
-            if not isinstance(failure, TimeoutError):
-                raise
+            process = start_listening(partial(_spawn, argv), host=host, port=chosen, stop=kill_and_reap,
+                                      timeout=timeout, what="redis-server")
+        except TimeoutError:
             last_error = f"not listening after {timeout:.0f}s"
             continue
         if process.poll() is None:

@@ -23,12 +23,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from knittrans.demo.chaos.schedule import ChaosSettings, FaultAction, FaultTarget, faults_of
-from knittrans.launch.interruptions import stop_deferred
-from knittrans.launch.ports import accepts_connections, free_port, wait_until
+from knittrans.launch.ports import free_port, kill_and_reap, start_listening
 from knittrans.stack.processes import ManagedProcess, ProcessGroup
 
 logger = logging.getLogger(__name__)
@@ -137,20 +137,13 @@ class Supervisor:
     @staticmethod
     def _respawn(old: subprocess.Popen, port: int, log_path: Path | None) -> subprocess.Popen:
         log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
-        process: subprocess.Popen | None = None
         try:
             # The same command, so tied to this driver's life as the first was (knittrans.launch.lifetime).
-            with stop_deferred():
-                process = subprocess.Popen(old.args, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
-            started = process
-            wait_until(lambda: started.poll() is not None or accepts_connections("127.0.0.1", port),
-                       timeout=RESTART_TIMEOUT_SECONDS, what=str(old.args[0]))
-        except BaseException:  # not handed back yet, so the stack's stop would not reach it
-            if process is not None:
-                process.kill()
-                process.wait()
-            raise
+            started = start_listening(
+                partial(subprocess.Popen, old.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True),
+                host="127.0.0.1", port=port, stop=kill_and_reap, timeout=RESTART_TIMEOUT_SECONDS,
+                what=str(old.args[0]))
         finally:
             if log_path is not None:
                 log.close()  # type: ignore[union-attr]

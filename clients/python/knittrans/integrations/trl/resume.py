@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from knittrans.errors import InvalidArgument
@@ -45,16 +45,13 @@ def restored_step(checkpoint: str | os.PathLike[str]) -> StepId | None:
     path = Path(checkpoint) / STEP_FILE
     if not path.exists():
         return None
-    data = json.loads(path.read_text())
-    return StepId(train_batch_index=int(data["train_batch_index"]), minibatch_index=int(data["minibatch_index"]),
-                  train_version=int(data["train_version"]))
+    return StepId(**json.loads(path.read_text()))  # StepId checks each field
 
 
 def write_restored_step(checkpoint: Path, step: StepId) -> None:
     """Written after TRL saved the folder; renamed into place, so that a folder holds the whole file or none."""
     partial = checkpoint / f".{STEP_FILE}.partial"
-    partial.write_text(json.dumps({"train_batch_index": step.train_batch_index,
-                                   "minibatch_index": step.minibatch_index, "train_version": step.train_version}))
+    partial.write_text(json.dumps(asdict(step)))
     partial.replace(checkpoint / STEP_FILE)
 
 
