@@ -163,14 +163,18 @@ class BatchingReporter:
 
     def _reject(self, item: _Pending, error: InvalidArgument) -> None:
         trajectory_id = item.meta.trajectory_id
-        removed = ""
-        if item.discard is not None:
-            try:
-                item.discard([item.meta])
-                removed = "; its units were removed from the store"
-            except Exception:
-                logger.exception("could not remove the units of rejected trajectory %s", trajectory_id)
-        logger.error("the admission service rejected trajectory %s: %s", trajectory_id, error)
         field = error.field.split(".", 1)[1] if error.field and "." in error.field else error.field
-        self._fail(InvalidArgument(f"the admission service rejected trajectory {trajectory_id!r}: {error.message}"
-                                   f"{removed}", field=field))
+        # Held through the discard, so that nobody sees the units gone before the rejection is there to raise:
+        # a submit made after that must raise it, not succeed and leave it to a later call. Rejections are rare,
+        # and a submit waiting for one discard is the price.
+        with self._condition:
+            removed = ""
+            if item.discard is not None:
+                try:
+                    item.discard([item.meta])
+                    removed = "; its units were removed from the store"
+                except Exception:
+                    logger.exception("could not remove the units of rejected trajectory %s", trajectory_id)
+            logger.error("the admission service rejected trajectory %s: %s", trajectory_id, error)
+            self._fail(InvalidArgument(f"the admission service rejected trajectory {trajectory_id!r}: "
+                                       f"{error.message}{removed}", field=field))
