@@ -58,7 +58,7 @@ test: sysdeps venv
 
 # Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result. The admission
 # service's cluster-scale grid (issue 16: 64 to 4,096 trajectories, 5 to 320 consumers) runs last.
-BENCHMARKS := admission_engine planner simulate store admission_service admission_client rollout_submit encoder_dedup verdict_wait release_report transfer recovery
+BENCHMARKS := admission_engine planner simulate store admission_service dispatch_build admission_client rollout_submit encoder_dedup verdict_wait release_report transfer recovery
 bench: sysdeps venv
 	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
 	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done; \
