@@ -13,6 +13,9 @@ A bad submit fails at that submit, or at the next one, and leaves nothing behind
   (:class:`~knittrans.rollout.RolloutClient` removes its units from the store), and the error is raised from
   the next ``report``, ``flush`` or ``close``. A conflict (an id reported before with other content) is raised
   the same way, but nothing is discarded: the units under that id belong to the first report.
+* a report that fails otherwise (the service out of reach past the retries, the admission client closed, or an
+  error no client should raise) is raised from the next call too; the sender thread goes on with what comes
+  next. Its trajectories were not acknowledged (their units stay until the service's unreported-unit expiry).
 
 Reservations of shared units (:meth:`BatchingReporter.reserve_units`) are not batched: the rollout needs them
 acknowledged before it writes.
@@ -127,6 +130,9 @@ class BatchingReporter:
                 self._in_flight = len(batch)
             try:
                 self._send(batch)
+            except Exception as error:  # not an answer of the service: the thread must live on to raise it
+                logger.exception("reporting %d trajectories failed", len(batch))
+                self._fail(KnitTransError(f"reporting {len(batch)} trajectories failed: {error!r}"))
             finally:
                 with self._condition:
                     self._in_flight = 0

@@ -10,13 +10,15 @@ loop and no thread hop: a report costs what a plain sync gRPC call costs.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import grpc
 
 from knittrans.blocking import run_to_completion
 from knittrans.client.connection import ConnectionSettings, open_aio_channel, open_channel
+from knittrans.errors import FailedPrecondition
 from knittrans.retry import RetryPolicy, retry_call, retry_call_async
 from knittrans.v1 import admission_service_pb2_grpc
 
@@ -43,6 +45,22 @@ class _Retrying:
         self._metadata = connection.call_metadata()
         self._retry = retry
         self._retry_codes = retry_codes
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise _closed_error()
+
+    @contextmanager
+    def _closing_raises_closed(self) -> Iterator[None]:
+        """A call the client's closing cut short raises what a call after the close raises (grpc raises
+        ValueError, or UsageError on grpc.aio, for a call on a closed channel)."""
+        try:
+            yield
+        except (ValueError, grpc.aio.UsageError) as error:
+            if self._closed:
+                raise _closed_error() from error
+            raise
 
     def _retryable(self, error: BaseException) -> bool:
         return isinstance(error, grpc.RpcError) and hasattr(error, "code") and error.code() in self._retry_codes
@@ -63,15 +81,18 @@ class AioTransport(_Retrying):
         self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
 
     async def unary(self, method: str, request: Any, *, timeout: float) -> Any:
+        self._check_open()
         rpc = getattr(self._stub, method)
 
         async def attempt() -> Any:
             return await rpc(request, timeout=timeout, metadata=self._metadata)
 
-        return await retry_call_async(attempt, policy=self._retry, retryable=self._retryable,
-                                      on_retry=self._log_retry)
+        with self._closing_raises_closed():
+            return await retry_call_async(attempt, policy=self._retry, retryable=self._retryable,
+                                          on_retry=self._log_retry)
 
     async def stream(self, method: str, request: Any) -> AsyncGenerator[Any, None]:
+        self._check_open()
         call = getattr(self._stub, method)(request, metadata=self._metadata)
         try:
             async for response in call:
@@ -80,6 +101,7 @@ class AioTransport(_Retrying):
             call.cancel()
 
     async def close(self) -> None:
+        self._closed = True
         await self._channel.close()
 
 
@@ -93,11 +115,14 @@ class BlockingTransport(_Retrying):
         self._stub = admission_service_pb2_grpc.AdmissionServiceStub(self._channel)
 
     async def unary(self, method: str, request: Any, *, timeout: float) -> Any:
+        self._check_open()
         rpc = getattr(self._stub, method)
-        return retry_call(lambda: rpc(request, timeout=timeout, metadata=self._metadata), policy=self._retry,
-                          retryable=self._retryable, on_retry=self._log_retry)
+        with self._closing_raises_closed():
+            return retry_call(lambda: rpc(request, timeout=timeout, metadata=self._metadata), policy=self._retry,
+                              retryable=self._retryable, on_retry=self._log_retry)
 
     async def stream(self, method: str, request: Any) -> AsyncGenerator[Any, None]:
+        self._check_open()
         call = getattr(self._stub, method)(request, metadata=self._metadata)
         try:
             for response in call:
@@ -106,4 +131,10 @@ class BlockingTransport(_Retrying):
             call.cancel()
 
     async def close(self) -> None:
+        self._closed = True
         self._channel.close()
+
+
+def _closed_error() -> FailedPrecondition:
+    return FailedPrecondition("the admission client is closed: open a new one", field="client")
+
