@@ -255,7 +255,23 @@ class FileUnitStore:
     def purge(self) -> None:
         """Remove the whole store directory (end of a job, tests)."""
         self._mappings.close()
-        shutil.rmtree(self._root, ignore_errors=True)
+        remove_store_directory(self._root)
+
+
+def remove_store_directory(root: Path) -> None:
+    """Remove a file store's directory, saying what could not be removed: on tmpfs whatever is left holds
+    memory until someone removes it. (A directory that is not there is removed already.)"""
+    failures: list[tuple[str, BaseException]] = []
+
+    def failed(_function: object, path: str, info: tuple[type[BaseException], BaseException, object]) -> None:
+        if not isinstance(info[1], FileNotFoundError):
+            failures.append((path, info[1]))
+
+    shutil.rmtree(root, onerror=failed)
+    if failures:
+        path, error = failures[0]
+        logger.warning("could not remove the file store %s whole (%d failures), so what is left still takes space;"
+                       " first: %s (%s)", root, len(failures), path, error)
 
 
 def _checked_ranges(read: UnitRead, size: int) -> tuple[ByteRange, ...]:

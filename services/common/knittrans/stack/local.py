@@ -21,6 +21,7 @@ from knittrans.errors import FailedPrecondition
 from knittrans.reorg.settings import default_socket_path
 from knittrans.shm import remove_segments
 from knittrans.stack.processes import ProcessGroup
+from knittrans.store.file import remove_store_directory
 from knittrans.types import ConsumerId
 
 
@@ -149,7 +150,7 @@ class LocalStack:
         self.group.stop_all()
         for extra in reversed(self.extras):
             extra.stop()
-        shutil.rmtree(file_store_root(self.job), ignore_errors=True)
+        remove_store_directory(file_store_root(self.job))
         remove_segments(f"knittrans-{self.job}@")  # what a killed sidecar of this run left (all are stopped now)
         shutil.rmtree(Path(default_socket_path(self.job, ConsumerId(role="backbone", dp_rank=0))).parent,
                       ignore_errors=True)
