@@ -18,13 +18,9 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from admission_service import trajectory
+from admission_service import trajectory  # the scale benchmark's trajectories (this script's folder is on the path)
 
 from knittrans.admission.service.assignment_messages import assignment_bytes, planned_keys
 from knittrans.admission.service.assignments import MiniBatchDispatch, gather_rows

@@ -12,7 +12,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,25 @@ def _sigterm_to_this_process_and_run_its_handler() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     for _ in range(100):  # the handler runs between bytecodes of the main thread, soon after the signal
         time.sleep(0.001)
+
+
+def stopped_by_sigterm_after(delay: float, work: Callable[[], None]) -> bool:
+    """Run ``work`` with a SIGTERM sent to this process after ``delay`` seconds; whether the stop came out of it
+    (else it comes out of the wait after it)."""
+    signal_timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        signal_timer.start()  # in the try: a timer of no delay can fire before start() returns
+        work()
+        # Under load the timer can fire after the work: its handler must still run inside this try, or the stop
+        # would end the test run itself.
+        signal_timer.join()
+        for _ in range(100):
+            time.sleep(0.001)
+    except Stopped:
+        return True
+    finally:
+        signal_timer.join()
+    return False
 
 
 def test_a_stop_outside_any_section_is_raised_at_once(sigterm_raises_through_raise_stop: None) -> None:
@@ -101,20 +120,14 @@ def test_a_stop_while_the_group_starts_children_leaves_none_outside_it(
     interrupted = 0
     for attempt in range(30):
         group = ProcessGroup(tmp_path / f"logs-{attempt}", stop_with_parent=True)
-        signal_timer = threading.Timer(rng.uniform(0.0, 0.004), os.kill, (os.getpid(), signal.SIGTERM))
-        try:
-            signal_timer.start()  # in the try: a timer of no delay can fire before start() returns
+
+        def start_three(group: ProcessGroup = group) -> None:
             for index in range(3):
                 group.start(f"sleeper-{index}", ["sleep", marker], service=False)
-            # Under load the timer can fire after the starts: its handler must still run inside this try, or the
-            # stop would end the test run itself.
-            signal_timer.join()
-            for _ in range(100):
-                time.sleep(0.001)
-        except Stopped:
-            interrupted += 1
+
+        try:
+            interrupted += stopped_by_sigterm_after(rng.uniform(0.0, 0.004), start_three)
         finally:
-            signal_timer.join()
             ours = {pid for pid, command in children_of(os.getpid()).items() if marker in command}
             recorded = {managed.process.pid for managed in group.processes}
             group.stop_all()
@@ -135,19 +148,12 @@ def test_a_stop_while_redis_starts_leaves_no_server_running(
     stopped = 0
     for attempt in range(12):
         directory = tmp_path / f"redis-{attempt}"
-        signal_timer = threading.Timer(rng.uniform(0.0, 0.03), os.kill, (os.getpid(), signal.SIGTERM))
-        server = None
+        servers: list = []
         try:
-            signal_timer.start()
-            server = start_redis(directory)
-            signal_timer.join()
-            for _ in range(100):
-                time.sleep(0.001)
-        except Stopped:
-            stopped += 1
+            stopped += stopped_by_sigterm_after(
+                rng.uniform(0.0, 0.03), lambda d=directory, held=servers: held.append(start_redis(d)))
         finally:
-            signal_timer.join()
-            if server is not None:
+            for server in servers:
                 server.stop()
         left = {pid: command for pid, command in live_processes().items() if str(directory) in command}
         for pid in left:  # so that a failure leaves nothing running
