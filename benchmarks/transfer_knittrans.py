@@ -405,6 +405,23 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                         continue
                     held[held_step] = held.get(held_step, 0) + 1
 
+            def next_record(step: int) -> dict[str, Any]:
+                """The next group's record; a group that died without one (killed, or its interpreter gone) ends
+                the arm at once, naming it, rather than after the 600 s a slow step may take."""
+                deadline = time.monotonic() + 600
+                while True:
+                    try:
+                        return results.get(timeout=5)
+                    except queue.Empty:
+                        # A group that ended cleanly has sent every record of its steps before it ended.
+                        dead = [f"{process.name} (exit code {process.exitcode})" for process in processes
+                                if process.exitcode not in (None, 0)]
+                        if dead:
+                            raise RuntimeError(f"{arm}: step {step}: {', '.join(dead)} ended without "
+                                               "a record") from None
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"{arm}: step {step} not done after 600 s") from None
+
             for step in range(total):
                 if step == warmup_steps:
                     before = cluster.statuses()  # the warm-up's reads are over: its records are in
@@ -426,7 +443,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                     wait_first_microbatch(step)
                     report(step + 1)  # lands while this step trains
                 while len(waiting.get(step, [])) < config.dp:
-                    record = results.get(timeout=600)
+                    record = next_record(step)
                     if "error" in record:
                         raise RuntimeError(f"{arm}: a DP group failed: {record['error']}")
                     waiting.setdefault(record["step"], []).append(record)
