@@ -84,11 +84,17 @@ def client_for(sidecar: RunningReorg, interval: float) -> TrainerClient:
                                          release_interval_seconds=interval, report_progress=False))
 
 
+def wait_staged(client: TrainerClient, what: str) -> None:
+    """Until the client's prefetch thread has staged the next micro-batch, so that taking it is not a wait for
+    data (the slot of one the loop waited for is freed at once). Nothing public says so: the test looks at the
+    prefetch queue, rather than sleeping for a time a slow machine might not keep."""
+    wait_for(lambda: client._prefetcher._queue.qsize() >= 1, what)
+
+
 def when_staged(client: TrainerClient, take: Callable[[], T]) -> T:
-    """``take()``, once both ring slots are published and the prefetch thread had time to stage the next
-    micro-batch, so that taking it is not a wait for data (the slot of one the loop waited for is freed at once)."""
+    """``take()``, once both ring slots are published and the next micro-batch is staged."""
     wait_for(lambda: client.status().published == 2, "both ring slots published")
-    time.sleep(0.5)
+    wait_staged(client, "micro-batch 0 staged")
     return take()
 
 
@@ -99,7 +105,8 @@ def test_slots_let_go_of_are_held_back_until_the_loop_waits_for_data(sidecar) ->
         micro_batches = iter(mini)
         first = next(micro_batches)
         assert (first.index, first.waited_seconds) == (0, 0.0), "precondition: micro-batch 0 was staged"
-        time.sleep(0.5)  # micro-batch 1 goes into the prefetch queue that taking micro-batch 0 made room in
+        # micro-batch 1 goes into the prefetch queue that taking micro-batch 0 made room in
+        wait_staged(client, "micro-batch 1 staged")
         second = next(micro_batches)  # lets go of micro-batch 0
         assert (second.index, second.waited_seconds) == (1, 0.0), "precondition: micro-batch 1 was staged"
         time.sleep(0.5)
@@ -113,7 +120,7 @@ def test_slots_let_go_of_are_held_back_until_the_loop_waits_for_data(sidecar) ->
         assert [m.index for m in taken] == [2] and taken[0].waited_seconds > 0
 
         wait_for(lambda: client.status().published == 4, "micro-batch 3 in micro-batch 1's slot")
-        time.sleep(0.5)
+        wait_staged(client, "micro-batch 3 staged")
         assert next(micro_batches).index == 3  # lets go of micro-batch 2, which the loop waited for: freed at once
         wait_for(lambda: client.status().published == 5, "micro-batch 4 in micro-batch 2's slot, no wait needed")
 
@@ -131,7 +138,7 @@ def test_without_a_tick_the_slot_is_freed_while_the_loop_computes(sidecar) -> No
     with client_for(sidecar, 0.0) as client:
         micro_batches = iter(when_staged(client, lambda: next(client.mini_batches())))
         assert next(micro_batches).index == 0
-        time.sleep(0.5)
+        wait_staged(client, "micro-batch 1 staged")
         second = next(micro_batches)
         assert (second.index, second.waited_seconds) == (1, 0.0), "precondition: micro-batch 1 was staged"
         wait_for(lambda: client.status().published == 3, "micro-batch 2 in micro-batch 0's slot")
