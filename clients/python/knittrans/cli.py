@@ -6,7 +6,7 @@ is a function ``register(parser: argparse.ArgumentParser) -> Callable[[argparse.
 it adds its arguments and returns the function that runs the command. So the SDK never imports a service.
 
 A command line that names a command loads only that command's entry: every sidecar, service and restart pays
-for importing its own part, not every part's (about 0.4 of a second per process on a small machine). Help and
+for importing its own part, not every part's (0.2 to 0.6 of a second per process on a small machine). Help and
 command lines that name none load them all, so that the listing and the error name every command.
 """
 
@@ -33,14 +33,20 @@ def command_path(entry_name: str) -> tuple[str, ...]:
     return tuple(entry_name.replace(".", " ").split())
 
 
+HELP_OPTIONS = ("-h", "--help")
+
+
 def command_words(argv: Sequence[str]) -> tuple[str, ...]:
-    """The words naming a command: those before its first option, after the global options."""
+    """The words naming a command: those before its first option, after the global options (none when help is
+    asked for before them: that help lists every command)."""
     words: list[str] = []
     tokens = iter(argv)
     for token in tokens:
         if token.startswith("-"):
             if words:
                 break
+            if token in HELP_OPTIONS:
+                return ()
             if token == "--log-level":
                 next(tokens, None)
             continue

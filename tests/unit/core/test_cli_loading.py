@@ -32,8 +32,9 @@ def test_each_command_s_help_is_the_full_parser_s(path: tuple[str, ...]) -> None
     assert help_text(argv, argv) == help_text(None, argv)
 
 
-def test_the_top_level_help_lists_every_command() -> None:
-    listing = help_text(["--help"], ["--help"])
+@pytest.mark.parametrize("argv", [["--help"], ["-h", "reorg", "serve"]])
+def test_the_top_level_help_lists_every_command(argv: list[str]) -> None:
+    listing = help_text(argv, argv)
     for path in PATHS:
         assert re.search(rf"^ {{4}}{path[0]}\b", listing, re.MULTILINE), path
 
@@ -45,16 +46,18 @@ def test_the_top_level_help_lists_every_command() -> None:
     (["--help"], ()),
     ([], ()),
     (["demo", "--config", "serve"], ("demo",)),
+    (["-h", "reorg", "serve"], ()),
+    (["--log-level", "INFO", "--help", "plan"], ()),
 ])
 def test_command_words(argv: list[str], expected: tuple[str, ...]) -> None:
     assert command_words(argv) == expected
 
 
 @given(st.lists(st.sampled_from(["reorg", "serve", "admission", "mooncake", "store", "master", "plan", "up",
-                                 "--help", "--config", "x", "--log-level", "INFO"]), max_size=6))
+                                 "--help", "-h", "--config", "x", "--log-level", "INFO"]), max_size=6))
 def test_selection_is_the_named_command_or_every_command(argv: list[str]) -> None:
     # The naive reference: a command is named when the words before the first option (the global option's
-    # value skipped) begin with its path.
+    # value skipped) begin with its path; help asked for before any word names none.
     words: list[str] = []
     skip = False
     for token in argv:
@@ -64,6 +67,9 @@ def test_selection_is_the_named_command_or_every_command(argv: list[str]) -> Non
             skip = True
         elif token.startswith("-"):
             if words:
+                break
+            if token in ("-h", "--help"):
+                words = []
                 break
         else:
             words.append(token)
