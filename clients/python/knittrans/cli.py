@@ -27,13 +27,11 @@ Runner = Callable[[argparse.Namespace], int]
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+HELP_OPTIONS = ("-h", "--help")
 
 
 def command_path(entry_name: str) -> tuple[str, ...]:
     return tuple(entry_name.replace(".", " ").split())
-
-
-HELP_OPTIONS = ("-h", "--help")
 
 
 def command_words(argv: Sequence[str]) -> tuple[str, ...]:

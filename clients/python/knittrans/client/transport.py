@@ -137,4 +137,3 @@ class BlockingTransport(_Retrying):
 
 def _closed_error() -> FailedPrecondition:
     return FailedPrecondition("the admission client is closed: open a new one", field="client")
-
