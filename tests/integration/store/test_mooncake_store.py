@@ -20,7 +20,7 @@ from knittrans.store.keys import trajectory_unit_key
 from knittrans.store.mooncake import MooncakeStoreConfig, MooncakeUnitStore
 from knittrans.store.mooncake_errors import MooncakeCode
 from knittrans.store.protocol import UnitWrite
-from knittrans.types import DType, TrajectoryId, UnitKey, VersionSegment
+from knittrans.types import ByteRange, DType, TrajectoryId, UnitKey, VersionSegment
 from tests.fixtures.mooncake import mooncake_store_config
 
 MIB = 1 << 20
@@ -94,6 +94,46 @@ def test_delete_waits_out_a_read_lease(mooncake_store):
     assert mooncake_store.raw_client.remove(write.key, False) == MooncakeCode.OBJECT_HAS_LEASE
     assert mooncake_store.delete_many([write.key]) == 1
     assert mooncake_store.exists([write.key]) == [False]
+
+
+class PausedAfterReplicaQuery:
+    """The real client, pausing past the master's lease (200 ms in these tests) between a get session's replica
+    query and its transfer, for the first ``sessions`` sessions, as a descheduled reader would."""
+
+    def __init__(self, client, *, sessions: int, pause: float = 0.5) -> None:
+        self._client = client
+        self._left = sessions
+        self._pause = pause
+
+    def batch_get_session_start(self, keys):
+        codes = self._client.batch_get_session_start(keys)
+        if self._left:
+            self._left -= 1
+            time.sleep(self._pause)
+        return codes
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("sessions", [1, 3])
+def test_ranges_whose_lease_ran_out_before_the_transfer_are_read_again(mooncake_cluster, sessions):
+    store = MooncakeUnitStore(mooncake_store_config(mooncake_cluster))
+    try:
+        write, array = mib_unit(f"lease-out/{sessions}", sessions)
+        store.put_many([write])
+        store._client = PausedAfterReplicaQuery(store._client, sessions=sessions)
+        out = np.zeros(3000, dtype=np.uint8)
+        ranges = [ByteRange(offset=10, length=1000), ByteRange(offset=MIB - 2000, length=2000)]
+        if sessions == 1:  # the read's own session reads it
+            assert store.get_into(write.key, out, ranges) == 3000
+            np.testing.assert_array_equal(out, np.r_[array[10:1010], array[MIB - 2000:]])
+        else:  # the call's session and the read's own two ran out: a StoreError, which readers retry
+            with pytest.raises(StoreError, match="LEASE_EXPIRED"):
+                store.get_into(write.key, out, ranges)
+        store.delete_many([write.key])
+    finally:
+        store.close()
 
 
 WRITER = """

@@ -55,6 +55,24 @@ def test_sliced_reads_move_only_the_requested_bytes(unit_store, prefix):
     assert stats.moved_bytes == moved_for_ranges(unit_store, stats.requested_bytes, logprobs.nbytes + routing.nbytes)
 
 
+def test_one_call_reads_the_same_unit_several_times_with_different_ranges(unit_store, prefix):
+    """Two CP ranks' reads of one unit, a whole read of it and a read of another unit, in one call."""
+    data = np.random.default_rng(3).integers(0, 255, size=4000, dtype=np.uint8)
+    other = np.arange(100, dtype=np.uint8)
+    unit_store.put_many([unit(f"{prefix}/t", data), unit(f"{prefix}/o", other)])
+    pieces = [[ByteRange(offset=0, length=1001), ByteRange(offset=3000, length=1000)],
+              [ByteRange(offset=1000, length=2000)], None, [ByteRange(offset=2999, length=1)]]
+    buffers = [bytearray(4000 if ranges is None else sum(r.length for r in ranges)) for ranges in pieces]
+    reads = [UnitRead.of(f"{prefix}/t", buffer, ranges) for buffer, ranges in zip(buffers, pieces, strict=True)]
+    got = bytearray(100)
+    counts = unit_store.get_many_into([*reads, UnitRead.of(f"{prefix}/o", got, [ByteRange(offset=0, length=100)])])
+    assert counts == [2001, 2000, 4000, 1, 100]
+    expected = [np.r_[data[:1001], data[3000:]], data[1000:3000], data, data[2999:3000]]
+    for buffer, want in zip(buffers, expected, strict=True):
+        np.testing.assert_array_equal(np.frombuffer(buffer, np.uint8), want)
+    np.testing.assert_array_equal(np.frombuffer(got, np.uint8), other)
+
+
 def test_read_into_an_offset_of_a_larger_buffer(unit_store, prefix):
     array = np.arange(64, dtype=np.int64)
     unit_store.put_many([unit(f"{prefix}/x", array)])
@@ -266,9 +284,10 @@ def test_a_failed_read_call_counts_no_units_and_only_what_it_moved(unit_store, p
         unit_store.get_many_into([good, bad])
     stats = unit_store.stats.snapshot()
     assert (stats.units, stats.requested_bytes) == (0, 0)
-    # What each backend's I/O did: file read the good range before it met the bad read, Mooncake moves every
-    # read of the call in one transfer, Ray fetches no object when a key is missing, else every object whole.
-    moved = {"file": 4, "mooncake": 4, "ray": 0 if failing == "missing" else 10}
+    # What each backend's I/O did: file read the good range before it met the bad read; Mooncake queries every
+    # unit's replica before moving anything (a missing one stops the call there), then moves every read of the
+    # call in one transfer; Ray fetches no object when a key is missing, else every object whole.
+    moved = {"file": 4, "mooncake": 0 if failing == "missing" else 4, "ray": 0 if failing == "missing" else 10}
     assert stats.moved_bytes == moved[unit_store.backend]
 
 

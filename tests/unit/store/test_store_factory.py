@@ -78,7 +78,7 @@ def test_file_names_are_safe_and_distinct():
         (-704, "batch_get_into", UnitNotFound, "k"),
         (-200, "batch_put_from", StoreFullError, "k"),
         (-705, "batch_put_from", Conflict, "k"),
-        (-600, "get_into_ranges", InvalidArgument, "range"),
+        (-600, "batch_get_into_multi_buffer_ranges", InvalidArgument, "range"),
         (-600, "batch_get_into", InvalidArgument, "buffer"),
         (-706, "batch_remove", StoreError, "k"),
         (-800, "batch_get_into", StoreError, "k"),

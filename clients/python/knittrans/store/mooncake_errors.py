@@ -35,7 +35,7 @@ class MooncakeCode(IntEnum):
 
 
 _INVALID_PARAMS_MEANING = {
-    "get_into_ranges": ("a range lies outside", "range"),
+    "batch_get_into_multi_buffer_ranges": ("a range lies outside", "range"),
     "batch_get_into": ("the buffer is smaller than the whole", "buffer"),
 }
 
