@@ -1,5 +1,6 @@
 """Mooncake-specific behaviour against a real master and segment owner."""
 
+import os
 import queue
 import signal
 import subprocess
@@ -134,6 +135,30 @@ def test_ranges_whose_lease_ran_out_before_the_transfer_are_read_again(mooncake_
         store.delete_many([write.key])
     finally:
         store.close()
+
+
+def test_a_reader_uses_no_cpu_while_its_transfer_waits_on_a_stopped_owner(mooncake_cluster, mooncake_store):
+    """Mooncake's client polls a transfer's status in a loop; the store makes that loop spin on its idle-priority
+    thread, so the reading thread itself sleeps however long the segment owner takes (here: stopped for 0.15 s,
+    inside the tests' 200 ms lease)."""
+    write, array = mib_unit("idle-wait/a", 11)
+    mooncake_store.put_many([write])
+    out = np.zeros_like(array)
+    owner = mooncake_cluster.owner.pid
+    os.kill(owner, signal.SIGSTOP)
+    resume = threading.Timer(0.15, os.kill, (owner, signal.SIGCONT))
+    resume.start()
+    try:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        mooncake_store.get_into(write.key, out)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    finally:
+        resume.join()
+        os.kill(owner, signal.SIGCONT)
+    np.testing.assert_array_equal(out, array)
+    assert wall >= 0.1  # the read did wait for the owner
+    assert cpu < 0.3 * wall
+    mooncake_store.delete_many([write.key])
 
 
 WRITER = """

@@ -25,6 +25,9 @@
   ``put_many`` first asks which keys exist and compares their stored bytes by content hash.
   Concurrent writers of one key with different bytes are not detected; KnitTrans never produces them
   (per-trajectory keys have one writer, multimodal keys embed their content hash).
+* Mooncake's client waits for a transfer by polling its status in a loop, on a CPU of its own for as long as the
+  transfer takes; the store makes every transfer call on a ``SCHED_IDLE`` thread (:mod:`knittrans.store.
+  idle_waiter`), so that loop only takes CPU time nothing else on the node wants.
 
 A store object serialises its own calls with a lock; use one per thread for parallel transfers.
 """
@@ -46,6 +49,7 @@ from knittrans.errors import Conflict, InvalidArgument, StoreError, StoreFullErr
 from knittrans.retry import Backoff, RetryPolicy
 from knittrans.store.buffers import BufferLike, address_of, byte_view, writable_byte_view
 from knittrans.store.hashing import content_hash
+from knittrans.store.idle_waiter import IdleWaiter
 from knittrans.store.mooncake_errors import MooncakeCode, mooncake_error
 from knittrans.store.mooncake_removal import LEASED, LeasedRemovals
 from knittrans.store.protocol import PutResult, ReadStats, ReadTally, UnitRead, UnitWrite, dedupe_writes
@@ -134,6 +138,7 @@ class MooncakeUnitStore:
         self._replicate = ReplicateConfig()
         self._replicate.with_hard_pin = config.hard_pin
         self._removals = LeasedRemovals(self._client, self._lock, config.lease_retry_seconds)
+        self._waiter = IdleWaiter("mooncake-transfer")
         self._closed = False
 
     def _check_master_reachable(self) -> None:
@@ -199,9 +204,8 @@ class MooncakeUnitStore:
         scratch = [np.empty(w.header.byte_length + 1, dtype=np.uint8) for w in writes]
         views = [memoryview(s.data) for s in scratch]
         with self._transfer_addresses(views) as addresses:
-            counts = self._client.batch_get_into(
-                [w.key for w in writes], addresses, [v.nbytes for v in views]
-            )
+            counts = self._waiter.run(self._client.batch_get_into, [w.key for w in writes], addresses,
+                                      [v.nbytes for v in views])
         for write, buffer, count in zip(writes, views, counts, strict=True):
             if count == MooncakeCode.INVALID_PARAMS:  # stored unit is longer than the new one
                 raise Conflict("key already holds different content", field=write.key)
@@ -219,7 +223,8 @@ class MooncakeUnitStore:
             with self._transfer_addresses([w.data for w in writes]) as addresses:
                 address_of_key = {w.key: a for w, a in zip(writes, addresses, strict=True)}
                 while remaining:
-                    codes = self._client.batch_put_from(
+                    codes = self._waiter.run(
+                        self._client.batch_put_from,
                         [w.key for w in remaining],
                         [address_of_key[w.key] for w in remaining],
                         [w.header.byte_length for w in remaining],
@@ -294,7 +299,8 @@ class MooncakeUnitStore:
     def _get_whole(
         self, reads: list[UnitRead], addresses: list[int], slots: list[int], results: list[int], tally: ReadTally
     ) -> None:
-        counts = self._client.batch_get_into([r.key for r in reads], addresses, [r.buffer.nbytes for r in reads])
+        counts = self._waiter.run(self._client.batch_get_into, [r.key for r in reads], addresses,
+                                  [r.buffer.nbytes for r in reads])
         tally.moved(sum(count for count in counts if count > 0))
         for read, slot, count in zip(reads, slots, counts, strict=True):
             if count < 0:
@@ -342,7 +348,8 @@ class MooncakeUnitStore:
             for key, code in zip(unique, started, strict=True):
                 if code < 0:
                     raise mooncake_error(code, key=key, operation="batch_get_session_start")
-            return list(self._client.batch_get_into_multi_buffer_ranges(keys, pointers, sizes, offsets))
+            return list(self._waiter.run(self._client.batch_get_into_multi_buffer_ranges, keys, pointers, sizes,
+                                         offsets))
         finally:
             self._client.batch_get_session_end(unique)
 
@@ -428,6 +435,7 @@ class MooncakeUnitStore:
                 self._client.unregister_buffer(start)
             self._registered.clear()
             self._client.close()
+            self._waiter.close()
 
     # -- buffer registration ------------------------------------------------------------------------
 
