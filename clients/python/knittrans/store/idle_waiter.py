@@ -4,7 +4,8 @@ Mooncake's client (the PyPI wheel, built without event-driven completion) waits 
 status in a loop: the calling thread spins on a CPU for as long as the transfer takes, in competition with the
 threads that move the bytes (the client's own transport workers, the segment owner's) and with everything else
 on the node. Calls made through :class:`IdleWaiter` spin on a ``SCHED_IDLE`` thread instead, which the kernel
-runs only on CPU time no other thread of its group wants; the caller blocks on a future and uses no CPU.
+runs only on CPU time no other thread of its scheduling group wants (its cgroup, or where the kernel has
+autogroups, its session); the caller blocks on a future and uses no CPU.
 """
 
 from __future__ import annotations

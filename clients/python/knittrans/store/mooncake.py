@@ -27,7 +27,7 @@
   (per-trajectory keys have one writer, multimodal keys embed their content hash).
 * Mooncake's client waits for a transfer by polling its status in a loop, on a CPU of its own for as long as the
   transfer takes; the store makes every transfer call on a ``SCHED_IDLE`` thread (:mod:`knittrans.store.
-  idle_waiter`), so that loop only takes CPU time nothing else on the node wants.
+  idle_waiter`), so that loop only takes CPU time the other threads of its scheduling group leave idle.
 
 A store object serialises its own calls with a lock; use one per thread for parallel transfers.
 """
