@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,33 @@ def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots:
         store_url, admission_store_url = placement.sidecar_store_url, placement.admission_store_url
     else:
         store_url, mooncake = start_store(store, job=job, directory=directory)
+    started: list[Process] = []
+
+    def spawn(name: str, command: list[str], directory: Path, ready: Path) -> Process:
+        started.append(_spawn(name, command, directory, ready))
+        return started[-1]
+
+    try:
+        return _start_services(config, job=job, store_url=store_url, admission_store_url=admission_store_url,
+                               directory=directory, slots=slots, encoder_microbatch_images=encoder_microbatch_images,
+                               placement=placement, node_sidecars=node_sidecars, mooncake=mooncake, spawn=spawn)
+    except BaseException:
+        # The services run in sessions of their own, so nothing else stops them when a start fails half-way (a
+        # sidecar that cannot start, an interrupt): stop what did start, and the store with it.
+        for process in reversed(started):
+            process.stop()
+        if mooncake is not None:
+            mooncake.stop()
+        elif placement is None and store_url.startswith("file://"):
+            shutil.rmtree(store_url.removeprefix("file://"), ignore_errors=True)
+        raise
+
+
+def _start_services(config: WorkloadConfig, *, job: str, store_url: str, admission_store_url: str,
+                    directory: Path, slots: int, encoder_microbatch_images: int, placement: Placement | None,
+                    node_sidecars: bool, mooncake: Any, spawn: Callable[[str, list[str], Path, Path], Process]
+                    ) -> Cluster:
+    """The admission service, then the sidecars, each through ``spawn``, on a store already started."""
     topology = {
         "backbone": {"dp": config.dp, "cp": config.cp, "tp": config.tp,
                      "max_tokens_per_microbatch": config.max_tokens_per_micro_batch},
@@ -190,8 +217,8 @@ def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots:
     }))
     ready = directory / "admission.ready"
     prefix = list(placement.admission_prefix) if placement else []
-    admission = _spawn("admission", [*prefix, KNITTRANS, "admission", "serve", "--config", str(admission_config),
-                                     "--ready-file", str(ready)], directory, ready)
+    admission = spawn("admission", [*prefix, KNITTRANS, "admission", "serve", "--config", str(admission_config),
+                                    "--ready-file", str(ready)], directory, ready)
     _wait_ready([admission])
     reorg_config = directory / "reorg.yaml"
     reorg_config.write_text(yaml.safe_dump({"job": job, "store": store_url, "ring": {"slots": slots},
@@ -201,16 +228,16 @@ def start_cluster(config: WorkloadConfig, *, store: str, directory: Path, slots:
     sidecars = {}
     if node_sidecars:
         ready = directory / "node-sidecars.ready"
-        node = _spawn("node-sidecars", [KNITTRANS, "--log-level", "WARNING", "reorg", "serve", "--config",
-                                        str(reorg_config), "--consumers", *(c.flag for c in consumers),
-                                        "--admission", admission.ready["address"], "--ready-file", str(ready)],
-                      directory, ready)
+        node = spawn("node-sidecars", [KNITTRANS, "--log-level", "WARNING", "reorg", "serve", "--config",
+                                       str(reorg_config), "--consumers", *(c.flag for c in consumers),
+                                       "--admission", admission.ready["address"], "--ready-file", str(ready)],
+                     directory, ready)
         _wait_ready([node])
         return Cluster(directory=directory, job=job, store_url=store_url, admission=admission,
                        sidecars=dict.fromkeys(consumers, node), mooncake=mooncake)
     for consumer in consumers:
         ready = directory / f"{consumer.name}.ready"
-        sidecars[consumer] = _spawn(
+        sidecars[consumer] = spawn(
             consumer.name,
             [KNITTRANS, "--log-level", "WARNING", "reorg", "serve", "--config", str(reorg_config), "--role",
              consumer.role, "--dp-rank", str(consumer.dp_rank), "--cp-rank", str(consumer.cp_rank), "--admission",

@@ -66,3 +66,40 @@ def test_a_terminated_transfer_benchmark_stops_its_cluster_and_removes_its_store
         if config:
             shutil.rmtree(config["store"].removeprefix("file://"), ignore_errors=True)
             remove_segments(f"knittrans-{config['job']}@")
+
+
+_START_WITH_BROKEN_SIDECARS = """
+import sys
+from pathlib import Path
+
+from transfer_knittrans_cluster import start_cluster
+from transfer_workload import SMOKE
+
+try:
+    start_cluster(SMOKE, store="file", directory=Path(sys.argv[1]), slots=0, encoder_microbatch_images=4)
+except RuntimeError as error:
+    print("start failed:", str(error).splitlines()[0])
+    sys.exit(3)
+"""
+
+
+def test_a_cluster_whose_sidecars_cannot_start_stops_what_did_start(tmp_path: Path) -> None:
+    """A ring of 0 slots is refused by every sidecar, after the admission service started: the failed start
+    stops the admission service and removes the store, where before both outlived the benchmark."""
+    run_directory = tmp_path / "run"
+    run_directory.mkdir()
+    before = set(live_processes())
+    try:
+        result = subprocess.run([sys.executable, "-c", _START_WITH_BROKEN_SIDECARS, str(run_directory)],
+                                cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=120)
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "did not start" in result.stdout
+        config = yaml.safe_load((run_directory / "admission.yaml").read_text())
+        left = [command for pid, command in live_processes().items()
+                if pid not in before and str(run_directory) in command]
+        assert not left
+        assert not Path(config["store"].removeprefix("file://")).exists()
+    finally:
+        for pid, command in live_processes().items():  # what a failed clean-up left
+            if pid not in before and str(run_directory) in command:
+                os.kill(pid, signal.SIGKILL)
