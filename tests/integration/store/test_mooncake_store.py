@@ -1,5 +1,6 @@
 """Mooncake-specific behaviour against a real master and segment owner."""
 
+import contextlib
 import os
 import queue
 import signal
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +139,20 @@ def test_ranges_whose_lease_ran_out_before_the_transfer_are_read_again(mooncake_
         store.close()
 
 
+@contextlib.contextmanager
+def owner_stopped(cluster, seconds: float) -> Iterator[None]:
+    """The segment owner SIGSTOPped now and resumed after ``seconds`` (and at the latest when the block ends)."""
+    owner = cluster.owner.pid
+    os.kill(owner, signal.SIGSTOP)
+    resume = threading.Timer(seconds, os.kill, (owner, signal.SIGCONT))
+    resume.start()
+    try:
+        yield
+    finally:
+        resume.join()
+        os.kill(owner, signal.SIGCONT)
+
+
 def test_a_reader_uses_no_cpu_while_its_transfer_waits_on_a_stopped_owner(mooncake_cluster, mooncake_store):
     """Mooncake's client polls a transfer's status in a loop; the store makes that loop spin on its idle-priority
     thread, so the reading thread itself sleeps however long the segment owner takes (here: stopped for 0.15 s,
@@ -144,20 +160,26 @@ def test_a_reader_uses_no_cpu_while_its_transfer_waits_on_a_stopped_owner(moonca
     write, array = mib_unit("idle-wait/a", 11)
     mooncake_store.put_many([write])
     out = np.zeros_like(array)
-    owner = mooncake_cluster.owner.pid
-    os.kill(owner, signal.SIGSTOP)
-    resume = threading.Timer(0.15, os.kill, (owner, signal.SIGCONT))
-    resume.start()
-    try:
+    with owner_stopped(mooncake_cluster, 0.15):
         wall, cpu = time.perf_counter(), time.thread_time()
         mooncake_store.get_into(write.key, out)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    finally:
-        resume.join()
-        os.kill(owner, signal.SIGCONT)
     np.testing.assert_array_equal(out, array)
     assert wall >= 0.1  # the read did wait for the owner
     assert cpu < 0.3 * wall
+    mooncake_store.delete_many([write.key])
+
+
+def test_a_whole_read_whose_lease_ran_out_is_read_again(mooncake_cluster, mooncake_store):
+    """The segment owner stopped past the tests' 200 ms lease in the middle of a whole read: Mooncake ends the
+    transfer with LEASE_EXPIRED once the owner resumes, and the store reads the unit again instead of failing (a
+    suite run on the loaded machine failed that way when the idle-priority transfer thread was starved)."""
+    write, array = mib_unit("lease-out/whole", 12)
+    mooncake_store.put_many([write])
+    out = np.zeros_like(array)
+    with owner_stopped(mooncake_cluster, 0.4):
+        assert mooncake_store.get_into(write.key, out) == array.nbytes
+    np.testing.assert_array_equal(out, array)
     mooncake_store.delete_many([write.key])
 
 

@@ -106,7 +106,8 @@ class MooncakeStoreConfig:
 
 # Waiting for space (the store evicts, or readers release leases).
 _FULL_RETRY = RetryPolicy(initial=0.01, cap=0.5)
-# Sessions of its own for a ranged read whose lease ran out in the call's session (the tests' leases last 200 ms).
+# Reads of its own (for a ranged read, sessions of its own) for a read whose lease ran out before its transfer
+# ended (the tests' leases last 200 ms).
 _SINGLE_READ_SESSIONS = 2
 
 
@@ -301,6 +302,14 @@ class MooncakeUnitStore:
     ) -> None:
         counts = self._waiter.run(self._client.batch_get_into, [r.key for r in reads], addresses,
                                   [r.buffer.nbytes for r in reads])
+        for i in [i for i, count in enumerate(counts) if count == MooncakeCode.LEASE_EXPIRED]:
+            # The transfer outlasted the unit's lease (a stopped or starved segment owner, or this process's
+            # idle-priority transfer thread starved by a saturated CPU): read it again on its own.
+            for _ in range(_SINGLE_READ_SESSIONS):
+                counts[i] = self._waiter.run(self._client.batch_get_into, [reads[i].key], [addresses[i]],
+                                             [reads[i].buffer.nbytes])[0]
+                if counts[i] != MooncakeCode.LEASE_EXPIRED:
+                    break
         tally.moved(sum(count for count in counts if count > 0))
         for read, slot, count in zip(reads, slots, counts, strict=True):
             if count < 0:
