@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -109,6 +109,18 @@ _FULL_RETRY = RetryPolicy(initial=0.01, cap=0.5)
 # Reads of its own (for a ranged read, sessions of its own) for a read whose lease ran out before its transfer
 # ended (the tests' leases last 200 ms).
 _SINGLE_READ_SESSIONS = 2
+
+
+def _read_again_where_lease_ran_out(counts: list[int], read_alone: Callable[[int], int]) -> None:
+    """Replace each LEASE_EXPIRED in ``counts`` (bytes read per read, or Mooncake's error code) by what reading
+    that read again on its own gives (``read_alone(i)``), up to ``_SINGLE_READ_SESSIONS`` times. A transfer
+    outlasts its unit's lease when the segment owner stalls, or when this process's idle-priority transfer thread
+    is starved by a saturated CPU and sees the transfer end late."""
+    for i in [i for i, count in enumerate(counts) if count == MooncakeCode.LEASE_EXPIRED]:
+        for _ in range(_SINGLE_READ_SESSIONS):
+            counts[i] = read_alone(i)
+            if counts[i] != MooncakeCode.LEASE_EXPIRED:
+                break
 
 
 class MooncakeUnitStore:
@@ -302,14 +314,8 @@ class MooncakeUnitStore:
     ) -> None:
         counts = self._waiter.run(self._client.batch_get_into, [r.key for r in reads], addresses,
                                   [r.buffer.nbytes for r in reads])
-        for i in [i for i, count in enumerate(counts) if count == MooncakeCode.LEASE_EXPIRED]:
-            # The transfer outlasted the unit's lease (a stopped or starved segment owner, or this process's
-            # idle-priority transfer thread starved by a saturated CPU): read it again on its own.
-            for _ in range(_SINGLE_READ_SESSIONS):
-                counts[i] = self._waiter.run(self._client.batch_get_into, [reads[i].key], [addresses[i]],
-                                             [reads[i].buffer.nbytes])[0]
-                if counts[i] != MooncakeCode.LEASE_EXPIRED:
-                    break
+        _read_again_where_lease_ran_out(counts, lambda i: self._waiter.run(
+            self._client.batch_get_into, [reads[i].key], [addresses[i]], [reads[i].buffer.nbytes])[0])
         tally.moved(sum(count for count in counts if count > 0))
         for read, slot, count in zip(reads, slots, counts, strict=True):
             if count < 0:
@@ -331,13 +337,10 @@ class MooncakeUnitStore:
             sizes.append([r.length for r in ranges])
             offsets.append([r.offset for r in ranges])
         counts = self._read_in_session(keys, pointers, sizes, offsets)
-        for i in [i for i, count in enumerate(counts) if count == MooncakeCode.LEASE_EXPIRED]:
-            # A session's lease must outlast its whole transfer; a read whose lease ran out gets sessions of its
-            # own, each as short as one unit's transfer.
-            for _ in range(_SINGLE_READ_SESSIONS):
-                counts[i] = self._read_in_session([keys[i]], [pointers[i]], [sizes[i]], [offsets[i]])[0]
-                if counts[i] != MooncakeCode.LEASE_EXPIRED:
-                    break
+        # A session's lease must outlast its whole transfer; a read whose lease ran out gets sessions of its own,
+        # each as short as one unit's transfer.
+        _read_again_where_lease_ran_out(
+            counts, lambda i: self._read_in_session([keys[i]], [pointers[i]], [sizes[i]], [offsets[i]])[0])
         tally.moved(sum(count for count in counts if count > 0))
         for read, slot, count, wanted in zip(reads, slots, counts, sizes, strict=True):
             if count < 0:
