@@ -56,12 +56,14 @@ TEST_WORKERS ?= 2
 test: sysdeps venv
 	$(PY) -m pytest -q -m "not container" -n $(TEST_WORKERS) --dist worksteal
 
-# Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result. The admission
-# service's cluster-scale grid (issue 16: 64 to 4,096 trajectories, 5 to 320 consumers) runs last.
+# Each prints its figures as JSON (progress on stderr); bench-out/ keeps a copy of every result, and the transfer
+# benchmark's figure (bench-out/transfer.png). The admission service's cluster-scale grid (issue 16: 64 to 4,096
+# trajectories, 5 to 320 consumers) runs last.
 BENCHMARKS := admission_engine planner simulate store admission_service dispatch_build admission_client rollout_submit encoder_dedup verdict_wait release_report transfer recovery
 bench: sysdeps venv
 	@mkdir -p bench-out; set -e; for b in $(BENCHMARKS); do \
-	  echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py | tee bench-out/$$b.json; done; \
+	  echo "== benchmarks/$$b.py"; figure=""; if [ "$$b" = transfer ]; then figure="--plot bench-out/transfer.png"; fi; \
+	  $(PY) benchmarks/$$b.py $$figure | tee bench-out/$$b.json; done; \
 	  echo "== benchmarks/admission_service.py --scale"; \
 	  $(PY) benchmarks/admission_service.py --scale --rounds 9 | tee bench-out/admission_service_scale.json
 

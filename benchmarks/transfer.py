@@ -34,6 +34,7 @@ overhead apart) stays beside it as ``exposed_from_last_assignment_s``. JSON on s
 
     python benchmarks/transfer.py --smoke                      # small and fast
     python benchmarks/transfer.py --repeats 3                  # the issue's full-size step, three runs
+    python benchmarks/transfer.py --repeats 3 --output bench-out/transfer.json   # and bench-out/transfer.png
     python benchmarks/transfer.py --skip-transferqueue         # KnitTrans arms only
 
 The multi-role arm (``--roles-arm``, on by default with ``--smoke``; :mod:`transfer_roles`): a ``reference`` role
@@ -57,6 +58,7 @@ from typing import Any
 
 from transfer_accounting import describe
 from transfer_knittrans import KnitTransClusters
+from transfer_plot import plot_transfer
 from transfer_roles import ReferenceTopology, RolesClusters, summarise_roles
 from transfer_tq import DEFAULT_VENV, TransferQueueSession
 from transfer_workload import add_workload_arguments, build_workload, config_from_arguments
@@ -202,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="keep the KnitTrans clusters' run directories (logs, configs) in the temporary "
                              "directory; by default they are kept only when the run did not finish")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
+    parser.add_argument("--plot", type=Path,
+                        help="write the figure (PNG) here; with --output, beside it by default (transfer.png)")
     arguments = parser.parse_args(argv)
     config = config_from_arguments(arguments)
     steps = (2 if arguments.smoke else 3) if arguments.steps is None else arguments.steps
@@ -277,6 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.output:
         arguments.output.parent.mkdir(parents=True, exist_ok=True)
         arguments.output.write_text(text + "\n")
+    plot = arguments.plot or (arguments.output.with_suffix(".png") if arguments.output else None)
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        plot_transfer(document["summary"], runs, plot, ratio_target=RATIO_TARGET, steady_target_s=STEADY_TARGET_S)
+        logger.info("figure written to %s", plot)
     print(text)
     return 0
 

@@ -4,8 +4,8 @@ Each arm runs a warm-up step, the cold step (its clock started as the step's las
 extra cold step reported whole inside its clock, and the steady state. The arms share one admission service, so
 the second must use trajectory ids of its own: an arm that reused the first one's would have its reports taken as
 duplicates and wait for ever (the time-out below). Every step also checks inside the benchmark that every real
-token and image was delivered. A run that finishes leaves no run directory behind (each left its logs and
-configs in the temporary directory, one per run)."""
+token and image was delivered. With ``--output`` the figure is written beside the JSON. A run that finishes
+leaves no run directory behind (each left its logs and configs in the temporary directory, one per run)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,16 @@ def _run_directories() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob("kt-transfer-*"))
 
 
-def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks() -> None:
+def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks(tmp_path: Path) -> None:
     before = _run_directories()
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--smoke", "--skip-transferqueue", "--store",
-         "file", "--no-roles-arm", "--steps", "3"],
+         "file", "--no-roles-arm", "--steps", "3", "--output", str(tmp_path / "transfer.json")],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     document = json.loads(result.stdout)
+    assert json.loads((tmp_path / "transfer.json").read_text()) == document
+    assert (tmp_path / "transfer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the figure, beside the JSON
     [run] = document["runs"]
     trajectories = document["workload"]["trajectories"]
     assert set(run["arms"]) == {"knittrans-iter-file", "knittrans-eager-file"}
