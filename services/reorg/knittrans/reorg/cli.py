@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from knittrans.reorg.assignments import AdmissionAssignmentSource, WatchSettings
 from knittrans.reorg.endpoint import serve_until_stopped, start_reorg
 from knittrans.reorg.node_host import serve_node
 from knittrans.reorg.settings import ReorgSettings
+from knittrans.serving.heap import freeze_startup_heap
 from knittrans.serving.server import run_until_signalled, write_ready_file
 from knittrans.store.factory import open_store
 
@@ -68,16 +68,6 @@ def _run(args: argparse.Namespace) -> int:
     lower_cpu_priority(settings.cpu_nice)  # before serving: the threads started then inherit it
     freeze_startup_heap()
     return run_until_signalled(lambda stop: serve(settings, stop, ready_file=args.ready_file))
-
-
-def freeze_startup_heap() -> None:
-    """Take what start-up left on the heap (about 44,000 objects, nearly all from imports: grpc, protobuf, numpy)
-    out of every later garbage collection. A full collection traversed all of it: 12-19 ms of CPU each, and, in
-    the transfer benchmark, pauses of 46-114 ms of a sidecar's event loop and reader on the loaded machine, where
-    one consumer's pause holds back every consumer's verdict on the mini-batch. Garbage is collected first, so
-    nothing that could be freed is frozen."""
-    gc.collect()
-    gc.freeze()
 
 
 def lower_cpu_priority(nice: int) -> None:

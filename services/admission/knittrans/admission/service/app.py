@@ -16,6 +16,7 @@ from knittrans.admission.service.ledger import AdmissionLedger, LedgerSettings
 from knittrans.admission.service.metrics import AdmissionMetrics
 from knittrans.admission.service.servicer import AdmissionServicer
 from knittrans.admission.service.settings import AdmissionServiceSettings
+from knittrans.serving.heap import freeze_startup_heap
 from knittrans.serving.server import RunningServer, start_server
 from knittrans.store.factory import open_store
 from knittrans.store.protocol import UnitStore
@@ -62,7 +63,7 @@ def tune_garbage_collector() -> None:
     (gc_pacing.collect_young_objects), and the thresholds here are only a backstop, so the whole heap is
     collected rarely. The ledger holds no reference cycles, so reference counting frees it as before.
     """
-    gc.freeze()
+    freeze_startup_heap()
     gc.set_threshold(*GC_THRESHOLDS)
 
 
