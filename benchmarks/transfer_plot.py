@@ -4,7 +4,8 @@ Two panels share one log scale of seconds: the cold first step (left) and the st
 arm is a bar at its median over the runs, with a dot per run, so the spread between runs is seen beside the
 median. The left panel marks where KnitTrans iter would have to be for the 100x target (the strongest
 TransferQueue arm's median over 100), the right one the 5 ms steady-state target. The title gives the ratios of
-the summary (the median over runs of each run's own ratio, not a ratio of medians).
+the summary (the median over runs of each run's own ratio, not a ratio of medians); a footer names each arm's
+medium.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def arm_figures(runs: Sequence[Mapping[str, Any]], key: str) -> list[ArmFigure]:
             if name in values]
 
 
+def media_legend(bars: Sequence[ArmFigure]) -> list[str]:
+    """One line per medium: the arms that read from it, then the medium."""
+    arms_of: dict[str, list[str]] = {}
+    for bar in bars:
+        arms = arms_of.setdefault(bar.medium, [])
+        if bar.arm not in arms:
+            arms.append(bar.arm)
+    return [f"{', '.join(arms)}: {medium}" for medium, arms in arms_of.items()]
+
+
 def _label(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
 
@@ -83,7 +94,8 @@ def plot_transfer(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
     import matplotlib.pyplot as plt
 
     cold, steady = arm_figures(runs, COLD_KEY), arm_figures(runs, STEADY_KEY)
-    figure, axes = plt.subplots(1, 2, figsize=(15, 0.45 * max(len(cold), len(steady), 4) + 2.2))
+    media = media_legend([*cold, *steady])
+    figure, axes = plt.subplots(1, 2, figsize=(15, 0.45 * max(len(cold), len(steady), 4) + 2.2 + 0.2 * len(media)))
     _panel(axes[0], cold, "cold first step, exposed")
     _panel(axes[1], steady, "steady state, exposed per step")
     queue_cold = [bar.median_s for bar in cold if bar.transferqueue]
@@ -99,6 +111,8 @@ def plot_transfer(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
     figure.suptitle(f"One clock, {len(runs)} interleaved run(s): bars are medians, dots single runs"
                     + (f"; cold, strongest TransferQueue arm over KnitTrans iter: {ratio_text}" if ratio_text else ""),
                     fontsize="medium")
-    figure.tight_layout()
+    # Which medium each arm reads from, under the panels: the arms' names do not say it for TransferQueue's.
+    figure.text(0.01, 0.01, "\n".join(media), fontsize="small", va="bottom")
+    figure.tight_layout(rect=(0, 0.03 * len(media), 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -74,3 +74,21 @@ def test_the_figure_is_written_with_and_without_transferqueue_arms(tmp_path: Pat
         path = tmp_path / name
         plot.plot_transfer(summary if runs is both else {}, runs, path, ratio_target=100, steady_target_s=0.005)
         assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+@settings(max_examples=40, deadline=None)
+@given(media=st.lists(st.sampled_from(["memory", "file", "mooncake"]), min_size=len(ARMS), max_size=len(ARMS)),
+       seed=st.integers(0, 2**16))
+def test_the_media_legend_names_each_arm_once_under_its_own_medium(media: list[str], seed: int) -> None:
+    medium_of = dict(zip(ARMS, media, strict=True))
+    bars = [plot.ArmFigure(arm=arm, medium=medium_of[arm], per_run_s=(1.0,)) for arm in ARMS * 2]  # both panels
+    random.Random(seed).shuffle(bars)
+    lines = plot.media_legend(bars)
+    assert len(lines) == len(set(media))
+    named = {}
+    for line in lines:
+        arms, _, medium = line.partition(": ")
+        for arm in arms.split(", "):
+            assert arm not in named
+            named[arm] = medium
+    assert named == medium_of
