@@ -1,19 +1,20 @@
 """Named POSIX shared-memory segments shared by a reorg sidecar (owner) and its trainer ranks (attachers).
 
-Python 3.11's ``multiprocessing.resource_tracker`` registers every segment a process creates *or attaches
-to*, and unlinks them all when that process exits; a trainer rank that merely read a micro-batch would
-delete the sidecar's segment. Both sides therefore unregister at once: the owner removes its segments
-itself (on close, SIGTERM, and at the next start after a crash, by name prefix).
+Not ``multiprocessing.shared_memory``: in Python 3.11 it registers every segment a process creates *or attaches
+to* with the ``resource_tracker`` process, which unlinks them all when that process exits (a trainer rank that
+merely read a micro-batch would delete the sidecar's segment), and each attach writes to the tracker's pipe, which
+fails with ``BrokenPipeError`` once the tracker process is gone (seen in a trainer under load). Segments here are
+``shm_open`` and ``mmap`` alone; the owner removes its segments itself (on close, SIGTERM, and at the next start
+after a crash, by name prefix).
 """
 
 from __future__ import annotations
 
 import _posixshmem
 import logging
+import mmap
 import os
 import re
-import threading
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 from knittrans.errors import InvalidArgument
@@ -44,76 +45,81 @@ def owner_lease_path(job: str, owner: str) -> Path:
     return SHM_DIR / f"{segment_prefix(job, owner)[:-1]}.lease"
 
 
-# SharedMemory() registers the name with the tracker and _untrack() unregisters it; two threads attaching the same
-# segment could interleave those into register, register, unregister, unregister (a KeyError in the tracker).
-_TRACKER_LOCK = threading.Lock()
+class _Mapping:
+    """One process's mapping of a named segment. The descriptor is closed once mapped (``mmap`` keeps its own)."""
 
+    def __init__(self, name: str, *, create: bool, size: int = 0) -> None:
+        self._posix_name = "/" + name
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        descriptor = _posixshmem.shm_open(self._posix_name, flags, mode=SEGMENT_MODE)
+        try:
+            if create:
+                os.fchmod(descriptor, SEGMENT_MODE)  # shm_open's mode passes through the umask
+                os.ftruncate(descriptor, size)
+            self._mmap: mmap.mmap | None = mmap.mmap(descriptor, os.fstat(descriptor).st_size)
+        except BaseException:
+            if create:
+                self.unlink()
+            raise
+        finally:
+            os.close(descriptor)
+        self._buf: memoryview | None = memoryview(self._mmap)
 
-def _untracked(name: str, *, create: bool, size: int = 0) -> shared_memory.SharedMemory:
-    with _TRACKER_LOCK:
-        segment = shared_memory.SharedMemory(name=name, create=create, size=size)
-        _untrack(segment)
-    return segment
+    @property
+    def buf(self) -> memoryview:
+        if self._buf is None:
+            raise ValueError(f"segment {self._posix_name} is closed")
+        return self._buf
 
+    def close(self) -> None:
+        """Unmap; if views of the mapping are still exported, leave it to them (it is unmapped when the last view
+        goes) rather than fail the caller, who is done with it."""
+        buffer, mapping, self._buf, self._mmap = self._buf, self._mmap, None, None
+        try:
+            if buffer is not None:
+                buffer.release()
+            if mapping is not None:
+                mapping.close()
+        except BufferError:
+            logger.debug("segment %s still has exported views at close", self._posix_name)
 
-def _untrack(segment: shared_memory.SharedMemory) -> None:
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-
-
-def _close(segment: shared_memory.SharedMemory, name: str) -> None:
-    """Close a mapping; if views of it are still exported, leave the mapping to them (it is unmapped when
-    the last view goes) instead of failing now and again, noisily, in ``SharedMemory.__del__``."""
-    try:
-        segment.close()
-    except BufferError:
-        logger.debug("segment %s still has exported views at close", name)
-        segment._buf = None  # type: ignore[attr-defined]
-        segment._mmap = None  # type: ignore[attr-defined]
-        if segment._fd >= 0:  # type: ignore[attr-defined]
-            os.close(segment._fd)  # type: ignore[attr-defined]
-            segment._fd = -1  # type: ignore[attr-defined]
+    def unlink(self) -> None:
+        try:
+            _posixshmem.shm_unlink(self._posix_name)
+        except FileNotFoundError:
+            pass
 
 
 class OwnedSegment:
     """A segment this process created and will unlink."""
 
     def __init__(self, name: str, size: int) -> None:
-        self._segment = _untracked(name, create=True, size=max(size, 1))
-        os.fchmod(self._segment._fd, SEGMENT_MODE)  # type: ignore[attr-defined]
+        self._mapping = _Mapping(name, create=True, size=max(size, 1))
         self.name = name
         self.size = size
 
     @property
     def buf(self) -> memoryview:
-        buffer = self._segment.buf
-        assert buffer is not None
-        return buffer
+        return self._mapping.buf
 
     def unlink(self) -> None:
-        _close(self._segment, self.name)  # views still held keep the mapping; the name goes now
-        try:
-            # Not SharedMemory.unlink(): it unregisters from the resource tracker a second time, and the tracker
-            # process prints a KeyError traceback for every segment.
-            _posixshmem.shm_unlink(self._segment._name)  # type: ignore[attr-defined]
-        except FileNotFoundError:
-            pass
+        self._mapping.close()  # views still held keep the mapping; the name goes now
+        self._mapping.unlink()
 
 
 class AttachedSegment:
     """A segment another process owns; closing it never unlinks it."""
 
     def __init__(self, name: str) -> None:
-        self._segment = _untracked(name, create=False)
+        self._mapping = _Mapping(name, create=False)
         self.name = name
 
     @property
     def buf(self) -> memoryview:
-        buffer = self._segment.buf
-        assert buffer is not None
-        return buffer
+        return self._mapping.buf
 
     def close(self) -> None:
-        _close(self._segment, self.name)
+        self._mapping.close()
 
 
 def remove_segments(prefix: str) -> list[str]:

@@ -38,3 +38,33 @@ def test_remove_segments_cleans_a_crashed_owner() -> None:
     assert len(list_segments(prefix)) == 3  # nobody cleaned up after the crash
     assert len(remove_segments(prefix)) == 3
     assert list_segments(prefix) == []
+
+
+def test_segments_never_start_or_write_to_multiprocessing_resource_tracker() -> None:
+    """A trainer under load had its attach fail with BrokenPipeError on the tracker's pipe: the tracker process was
+    gone. Creating, attaching, closing and unlinking must work with a tracker that cannot be reached at all."""
+    prefix = segment_prefix(f"test{uuid.uuid4().hex[:8]}", "backbone/dp0/cp0")
+    script = (
+        "import sys\n"
+        "from multiprocessing import resource_tracker\n"
+        "def unreachable(*args, **kwargs):\n"
+        "    raise BrokenPipeError(32, 'the resource tracker is gone')\n"
+        "resource_tracker._resource_tracker.ensure_running = unreachable\n"
+        "resource_tracker._resource_tracker._send = unreachable\n"
+        "from knittrans.shm import AttachedSegment, OwnedSegment\n"
+        "owned = OwnedSegment(sys.argv[1] + 'slot0', 4096)\n"
+        "owned.buf[:5] = b'hello'\n"
+        "attached = AttachedSegment(owned.name)\n"
+        "view = attached.buf[:5]\n"
+        "attached.close()  # a view still exported: the mapping is left to it\n"
+        "print(bytes(view).decode())\n"
+        "owned.unlink()\n"
+        "print(resource_tracker._resource_tracker._pid)\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", script, prefix], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["hello", "None"], out.stdout
+        assert list_segments(prefix) == []
+    finally:
+        remove_segments(prefix)
