@@ -86,7 +86,7 @@ TYPED_PACKAGES := knittrans.admission.engine knittrans.admission.planning knittr
   knittrans.config knittrans.connect knittrans.connection_file knittrans.stack.local knittrans.stack.progress \
   knittrans.stack.settings knittrans.stack.up \
   knittrans.errors knittrans.integrations knittrans.job knittrans.launch knittrans.packed knittrans.plan \
-  knittrans.retry knittrans.rollout knittrans.reservations knittrans.shm knittrans.steps knittrans.store \
+  knittrans.retry knittrans.rollout knittrans.reservations knittrans.shm knittrans.stack_dump knittrans.steps knittrans.store \
   knittrans.submission knittrans.submitted_values knittrans.tensor_names knittrans.topology knittrans.train \
   knittrans.trainer knittrans.trajectory_schema knittrans.types knittrans.values \
   knittrans.wire

@@ -67,6 +67,7 @@ from transfer_workload import Workload, WorkloadConfig, build_workload, prompt_i
 from knittrans.client.admission import AdmissionClient
 from knittrans.client.connection import ConnectionSettings
 from knittrans.rollout import MultimodalInput, RolloutClient, Trajectory
+from knittrans.stack_dump import STACK_DUMP_SIGNAL, dump_stacks_on_signal
 from knittrans.store.factory import open_store
 from knittrans.trainer import DeliveryMode, TrainerClient, TrainerSettings
 from knittrans.types import TokenSpan, TrajectoryMeta, VersionSegment
@@ -147,6 +148,7 @@ def group_main(task: GroupTask, sync: Sync, results: Any) -> None:
     CP x TP iterators in lockstep, as the TransferQueue arm runs one task per group; micro-batch i computes once
     every rank of the group holds it. A second thread consumes the encoder rank this group hosts."""
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    dump_stacks_on_signal()  # a process of its own: the arm's stall dumps its threads' stacks to stderr
     # The group's thread shares the interpreter with its ranks' prefetch threads: hand the GIL over at a finer
     # grain than the default 5 ms, as a training process whose main thread launches kernels would want.
     sys.setswitchinterval(2e-4)
@@ -390,6 +392,17 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
 
             held: dict[int, int] = {}
 
+            def stalled(what: str) -> RuntimeError:
+                """Every process's threads' stacks, for a step that never ended: the services' in the cluster's
+                logs, the DP groups' in this process's stderr."""
+                cluster.dump_stacks()
+                for process in processes:
+                    if process.pid is not None and process.exitcode is None:
+                        os.kill(process.pid, STACK_DUMP_SIGNAL)
+                time.sleep(2.0)  # the dumps are written by each process's own signal handler
+                return RuntimeError(f"{what}; every process's stacks were dumped (the services' to the cluster's "
+                                    f"logs in {cluster.directory}, the DP groups' to stderr)")
+
             def wait_first_microbatch(step: int) -> None:
                 """Until every group holds micro-batch 0 of ``step`` (a group that failed has its error in
                 ``results`` instead, raised below once the step's records are collected)."""
@@ -401,7 +414,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                         if not all(process.is_alive() for process in processes):
                             return
                         if time.monotonic() > deadline:
-                            raise RuntimeError(f"{arm}: step {step}'s micro-batch 0 not held after 600 s") from None
+                            raise stalled(f"{arm}: step {step}'s micro-batch 0 not held after 600 s") from None
                         continue
                     held[held_step] = held.get(held_step, 0) + 1
 
@@ -420,7 +433,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                             raise RuntimeError(f"{arm}: step {step}: {', '.join(dead)} ended without "
                                                "a record") from None
                         if time.monotonic() > deadline:
-                            raise RuntimeError(f"{arm}: step {step} not done after 600 s") from None
+                            raise stalled(f"{arm}: step {step} not done after 600 s") from None
 
             for step in range(total):
                 if step == warmup_steps:

@@ -24,6 +24,7 @@ import yaml
 from transfer_workload import WorkloadConfig
 
 from knittrans.shm import list_segments
+from knittrans.stack_dump import STACK_DUMP_SIGNAL
 from knittrans.types import ConsumerId
 from knittrans.v1 import reorg_service_pb2, reorg_service_pb2_grpc
 
@@ -118,6 +119,13 @@ class Cluster:
                 result[consumer] = reorg_service_pb2_grpc.ReorgServiceStub(channel).GetReorgStatus(
                     reorg_service_pb2.GetReorgStatusRequest(), timeout=10)
         return result
+
+    def dump_stacks(self) -> None:
+        """Have the admission service and every sidecar write their threads' stacks to their logs (see
+        docs/failures.md, "A step that never ends"), for a step that never ended."""
+        for process in [self.admission, *{id(p): p for p in self.sidecars.values()}.values()]:
+            if process.popen.poll() is None:
+                os.kill(process.popen.pid, STACK_DUMP_SIGNAL)
 
     def stop(self, *, keep_logs: bool = True) -> list[str]:
         """Stop everything; returns the shared-memory segments the sidecars left (should be none). Without

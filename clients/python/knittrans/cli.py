@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from knittrans.errors import KnitTransError
+from knittrans.stack_dump import dump_stacks_on_signal
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     configure_logging(args.log_level)
+    dump_stacks_on_signal()
     try:
         return int(runner(args) or 0)
     except KnitTransError as exc:

@@ -2,7 +2,8 @@
 meanwhile (from another thread: a framework that reports its optimizer step off the loop's thread, say) still
 reaches the sidecar on the next tick. The sidecar is a stand-in for its RPC surface: ``NextMicroBatch`` blocks
 until the client closes, so the loop's take waits for as long as the test likes; ``ReleaseMicroBatch`` records
-the tickets it is sent."""
+the tickets it is sent. A release that got no answer (a retryable status) is asked again, in order; one the
+sidecar refused is not."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import weakref
 
 import grpc
+import pytest
 
 from knittrans.trainer.batches import Staged
 from knittrans.trainer.descriptor import MicroBatchDescriptor
@@ -114,3 +116,61 @@ def test_what_the_loop_lets_go_of_is_freed_on_the_release_thread_not_the_loops()
     finally:
         sidecar.may_answer.set()
         prefetcher.stop()
+
+
+class Refusing(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return "refused by the stand-in"
+
+
+class SidecarThatFailsReleases(SidecarWithNothingToPublish):
+    """Fails the first ``failures`` calls for each ticket in ``failing`` with ``code``; records what it answers."""
+
+    def __init__(self, code: grpc.StatusCode, failing: set[int], failures: int) -> None:
+        super().__init__()
+        self._code = code
+        self._left = {ticket: failures for ticket in failing}
+        self.calls: list[int] = []
+
+    def ReleaseMicroBatch(self, request, timeout=None):
+        self.calls.append(request.ticket)
+        if self._left.get(request.ticket, 0) > 0:
+            self._left[request.ticket] -= 1
+            raise Refusing(self._code)
+        super().ReleaseMicroBatch(request, timeout)
+
+
+@pytest.mark.parametrize(("code", "asked_again"), [
+    (grpc.StatusCode.DEADLINE_EXCEEDED, True),  # the sidecar paused past the call's deadline
+    (grpc.StatusCode.UNAVAILABLE, True),
+    (grpc.StatusCode.CANCELLED, True),  # a sidecar stopping cancels the calls in flight
+    (grpc.StatusCode.INVALID_ARGUMENT, False),  # an answer: asking again gets the same one
+    (grpc.StatusCode.FAILED_PRECONDITION, False),
+])
+def test_a_release_that_got_no_answer_is_asked_again_in_order_and_a_refusal_is_not(code: grpc.StatusCode,
+                                                                                    asked_again: bool) -> None:
+    sidecar = SidecarThatFailsReleases(code, failing={2}, failures=3)
+    settings = TrainerSettings(sidecar="unix:/nowhere.sock", release_interval_seconds=0.0, poll_seconds=60.0)
+    prefetcher = Prefetcher(settings, sidecar, None, TrainerStats(), interrupt=sidecar.closed.set)
+    try:
+        for ticket in (1, 2, 3):
+            micro = staged(ticket)
+            micro.waited = 0.5
+            prefetcher.let_go(micro)
+        deadline = time.monotonic() + 10
+        while 3 not in sidecar.released and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        prefetcher.stop()
+    if asked_again:
+        assert sidecar.released == [1, 2, 3]  # each freed once, in the order let go of
+        assert sidecar.calls == [1, 2, 2, 2, 2, 3]
+    else:
+        assert sidecar.released == [1, 3]
+        assert sidecar.calls == [1, 2, 3]

@@ -156,12 +156,13 @@ class Prefetcher:
                 continue
             return item
 
-    def _take_item(self) -> Staged | RoundRestart | None:
+    def _take_item(self, within: int | None = None) -> Staged | RoundRestart | None:
+        """``within``: the sequence of the mini-batch the loop is partway through, if it is."""
         try:
             item: object = self._queue.get_nowait()
             waited = 0.0  # it was staged: taking it is not waiting for data (even if the GIL then makes us wait)
         except queue.Empty:
-            item, waited = self._wait_for_item()
+            item, waited = self._wait_for_item(within)
         if self._room is not None:
             self._room.put(None)
         if type(item) is Staged:
@@ -177,9 +178,10 @@ class Prefetcher:
         assert isinstance(item, RoundRestart)
         return item
 
-    def _wait_for_item(self) -> tuple[object, float]:
+    def _wait_for_item(self, within: int | None) -> tuple[object, float]:
         """The next item, once the prefetch thread queues it; and how long the loop waited for it."""
         started = time.perf_counter()
+        stall_warning = self._settings.stall_warning_seconds if within is not None else 0.0
         self._loop_waiting = True
         self._free_held()  # a slot held back may be what the sidecar needs to publish the next one
         try:
@@ -189,12 +191,19 @@ class Prefetcher:
                 except queue.Empty:
                     if not self._fetcher.is_alive() and self._queue.empty():
                         raise Unavailable("the prefetch thread stopped", field="sidecar") from None
+                    if stall_warning and time.perf_counter() - started > stall_warning:
+                        stall_warning = 0.0  # once a wait
+                        logger.warning(
+                            "waited %.0f s for the next micro-batch of mini-batch %d from reorg sidecar %s, which "
+                            "is admitted and being read; still waiting. `kill -USR1` the sidecar and the admission "
+                            "service to log their threads' stacks", time.perf_counter() - started, within,
+                            self._settings.target)
         finally:
             self._loop_waiting = False
 
     def take_next_of(self, sequence: int) -> Staged:
         """The next micro-batch of mini-batch ``sequence``; raises MiniBatchRestarted if it was restarted."""
-        staged = self._take_item()
+        staged = self._take_item(within=sequence)
         if isinstance(staged, RoundRestart):
             raise MiniBatchRestarted(
                 f"mini-batch {sequence} was restarted (delivery round {staged.round}): a TP rank of this consumer "
@@ -442,16 +451,43 @@ class Prefetcher:
         tp_rank = self._settings.tp_rank
         while (item := self._next_release()) is not None:
             incarnation, ticket, waited, staged = item
-            request = pb.ReleaseMicroBatchRequest(request_id=f"{incarnation}/{ticket}/{tp_rank}", tp_rank=tp_rank,
-                                                  ticket=ticket, waited_seconds=waited, incarnation=incarnation)
-            try:
-                self._stub.ReleaseMicroBatch(request, timeout=self._settings.poll_seconds)
-            except grpc.RpcError as error:
-                # A sidecar that is gone has no slot to free; the prefetch thread reports it if it stays gone.
-                logger.debug("release of ticket %d failed: %s", ticket, error.code().name)
+            self._release(pb.ReleaseMicroBatchRequest(request_id=f"{incarnation}/{ticket}/{tp_rank}",
+                                                      tp_rank=tp_rank, ticket=ticket, waited_seconds=waited,
+                                                      incarnation=incarnation))
             # The last references to what the loop let go of, most likely: its tensors are freed here, not
             # while this thread waits for the next release, nor on the loop's thread.
             del item, staged
+
+    def _release(self, request: pb.ReleaseMicroBatchRequest) -> None:
+        """Free one slot, asking again until the sidecar answers. A release dropped after one failed call (the
+        sidecar paused past the call's deadline: stopped, starved of CPU, in a long collection) left its slot
+        occupied for good: with the ring full, the sidecar published nothing more and the rank waited for its next
+        micro-batch forever, with nothing logged. A repeated release is a no-op; a successor sidecar (another
+        incarnation) ignores it. Once stopping, the call is made once."""
+        settings = self._settings
+        failing = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
+        warned = False
+        while True:
+            try:
+                self._stub.ReleaseMicroBatch(request, timeout=settings.poll_seconds)
+                return
+            except grpc.RpcError as error:
+                if self._stop.is_set():
+                    return
+                if error.code() not in RETRYABLE_CODES:
+                    logger.warning("reorg sidecar %s refused the release of ticket %d: %s %s", settings.target,
+                                   request.ticket, error.code().name, error.details())
+                    return
+                delay = failing.next_delay()
+                if delay is None:  # still trying: the prefetch thread raises if the sidecar stays unreachable
+                    if not warned:
+                        logger.warning("reorg sidecar %s has not answered the release of ticket %d for %.0f s (%s); "
+                                       "asking again", settings.target, request.ticket, failing.failing_for(),
+                                       error.code().name)
+                        warned = True
+                    delay = SIDECAR_RETRY.cap
+            if self._stop.wait(delay):
+                return
 
 
 def _restored_step_message(restored_step: StepId | RestorePoint | None) -> pb.RestoredStep | None:

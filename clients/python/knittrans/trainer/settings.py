@@ -25,6 +25,10 @@ class TrainerSettings:
     poll_seconds: float = 5.0  # one long poll of NextMicroBatch
     sidecar_timeout_seconds: float = 15.0  # an unreachable sidecar raises Unavailable after this long
     wait_timeout_seconds: float = 0.0  # > 0: raise DeadlineExceeded when no micro-batch comes for this long
+    # > 0: log a warning when the loop has waited this long for the next micro-batch of a mini-batch it has begun.
+    # Between mini-batches a long wait is rollout's; within one, the mini-batch is admitted and being read, and a
+    # wait this long is a stall to look into (docs/failures.md, "A step that never ends").
+    stall_warning_seconds: float = 60.0
     # The slots the training loop let go of are freed on a tick of this period, not the moment it lets go: a
     # thread woken right then would take the GIL (and, on a busy host, the core) from the loop while it takes the
     # next micro-batch, the one moment its data access is exposed. A slot of a micro-batch the loop had to wait
@@ -49,7 +53,7 @@ class TrainerSettings:
         for name in ("poll_seconds", "sidecar_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument("must be positive", field=name)
-        for name in ("wait_timeout_seconds", "release_interval_seconds"):
+        for name in ("wait_timeout_seconds", "stall_warning_seconds", "release_interval_seconds"):
             if getattr(self, name) < 0:
                 raise InvalidArgument("must not be negative", field=name)
 

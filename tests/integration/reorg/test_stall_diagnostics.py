@@ -1,0 +1,111 @@
+"""What a stalled job tells (docs/failures.md, "A step that never ends"), through real processes:
+
+- ``kill -USR1`` on the admission service and on a sidecar writes every thread's stack to the process's log, and
+  both go on serving;
+- a trainer rank whose sidecar is SIGSTOPped partway through a mini-batch, past the deadline of the rank's release
+  of the micro-batch it just used, gets the whole mini-batch once the sidecar runs again (the release is asked
+  again; dropped, it left the sidecar's one slot occupied and the rank waiting forever, with nothing logged), and
+  logs one warning naming the mini-batch and the sidecar once it has waited ``stall_warning_seconds``; waiting
+  between mini-batches (rollout's time) or computing that long warns of nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+
+from knittrans.client.connection import ConnectionSettings
+from knittrans.trainer import TrainerClient, TrainerSettings
+from knittrans.v1 import admission_service_pb2, admission_service_pb2_grpc, reorg_service_pb2, reorg_service_pb2_grpc
+from tests.integration.reorg.processes import Process, start_admission, start_sidecar
+from tests.integration.reorg.test_sidecar_restart import MINIBATCHES, PER_MINIBATCH, write_trajectories
+
+TOPOLOGY = {"backbone": {"dp": 1, "cp": 1, "tp": 1, "max_tokens_per_microbatch": 64}}
+
+
+def _dumped(process: Process, before: int, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = process.log.read_text()[before:]
+        # faulthandler lists the main thread ("Current thread 0x...") last.
+        if "Current thread" in text and "File " in text:
+            return text
+        time.sleep(0.1)
+    raise AssertionError(f"{process.name} wrote no stacks:\n{process.tail()}")
+
+
+def test_usr1_dumps_every_threads_stack_and_the_services_go_on(tmp_path: Path) -> None:
+    job = f"sd{uuid.uuid4().hex[:8]}"
+    store = f"file://{tmp_path / 'units'}"
+    admission = start_admission(tmp_path, job=job, store=store, topology=TOPOLOGY, train_batch_size=2,
+                                num_minibatches=1)
+    processes = [admission]
+    try:
+        sidecar = start_sidecar(tmp_path, job=job, store=store, admission=admission.ready["address"], dp_rank=0,
+                                cp_rank=0)
+        processes.append(sidecar)
+        for process in processes:
+            before = process.log.stat().st_size
+            process.signal(signal.SIGUSR1)
+            stacks = _dumped(process, before)
+            assert stacks.count("hread 0x") >= 2, stacks  # every thread ("Thread 0x..."), the main one last
+            assert process.alive(), process.tail()
+        with grpc.insecure_channel(admission.ready["address"]) as channel:
+            status = admission_service_pb2_grpc.AdmissionServiceStub(channel).GetStatus(
+                admission_service_pb2.GetStatusRequest(), timeout=10)
+        assert status.num_minibatches == 1
+        with grpc.insecure_channel(sidecar.ready["address"]) as channel:
+            reorg_service_pb2_grpc.ReorgServiceStub(channel).GetReorgStatus(
+                reorg_service_pb2.GetReorgStatusRequest(), timeout=10)
+    finally:
+        for process in reversed(processes):
+            assert process.stop() == 0, process.tail()
+
+
+def test_a_sidecar_stalled_mid_minibatch_delivers_all_of_it_after_and_the_rank_warns_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    job = f"sw{uuid.uuid4().hex[:8]}"
+    store = f"file://{tmp_path / 'units'}"
+    # write_trajectories' 12 trajectories, one a micro-batch (see test_sidecar_restart): one mini-batch of 12
+    # micro-batches, more than the sidecar's one slot and the rank's one staged micro-batch hold ahead.
+    everything = PER_MINIBATCH * MINIBATCHES
+    admission = start_admission(tmp_path, job=job, store=store, train_batch_size=everything, num_minibatches=1,
+                                topology={"backbone": {"dp": 1, "cp": 1, "tp": 1, "max_tokens_per_microbatch": 64}})
+    address = admission.ready["address"]
+    processes = [admission]
+    written: dict[str, object] = {}
+    try:
+        sidecar = start_sidecar(tmp_path, job=job, store=store, admission=address, dp_rank=0, cp_rank=0, slots=1)
+        processes.append(sidecar)
+        settings = TrainerSettings(sidecar=sidecar.ready["address"], admission=ConnectionSettings(target=address),
+                                   prefetch=1, poll_seconds=1.0, sidecar_timeout_seconds=60.0,
+                                   stall_warning_seconds=1.0, wait_timeout_seconds=30.0)
+        # Rollout takes 2.5 s: the rank waits that long for micro-batch 0, between mini-batches, and must not warn.
+        rollout = threading.Timer(2.5, lambda: written.update(write_trajectories(store, job, address)))
+        with caplog.at_level(logging.WARNING, logger="knittrans.trainer"), TrainerClient(settings) as trainer:
+            rollout.start()
+            taken: list[str] = []
+            for micro in next(trainer.mini_batches()):
+                taken.extend(micro.trajectory_ids)
+                if len(taken) == 1:
+                    # Stopped before the rank lets go of micro-batch 0: its release meets a stopped sidecar and
+                    # times out (poll_seconds 1 s) until the sidecar runs again, 4.5 s later.
+                    sidecar.signal(signal.SIGSTOP)
+                    time.sleep(1.5)  # computing for longer than the warning's 1 s: not a stall either
+                    threading.Timer(3.0, sidecar.signal, (signal.SIGCONT,)).start()
+        rollout.join()
+        stalls = [r.getMessage() for r in caplog.records if "micro-batch of mini-batch" in r.getMessage()]
+    finally:
+        for process in reversed(processes):
+            process.signal(signal.SIGCONT)
+            process.stop()
+    assert len(stalls) == 1, stalls
+    assert "mini-batch 1 " in stalls[0] and sidecar.ready["address"] in stalls[0], stalls
+    assert sorted(taken) == sorted(written)  # the whole mini-batch, each trajectory once, after the stall
