@@ -1,5 +1,7 @@
 """What a stalled job tells (docs/failures.md, "A step that never ends"), through real processes:
 
+- the admission service's gauge of the oldest unfinished optimizer step, and its one warning naming the consumer
+  that owes it;
 - ``kill -USR1`` on the admission service and on a sidecar writes every thread's stack to the process's log, and
   both go on serving;
 - a trainer rank whose sidecar is SIGSTOPped partway through a mini-batch, past the deadline of the rank's release
@@ -15,14 +17,17 @@ import logging
 import signal
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
 import grpc
 import pytest
 
+from knittrans.client.admission import AdmissionClient, ProgressStage
 from knittrans.client.connection import ConnectionSettings
 from knittrans.trainer import TrainerClient, TrainerSettings
+from knittrans.types import ConsumerId
 from knittrans.v1 import admission_service_pb2, admission_service_pb2_grpc, reorg_service_pb2, reorg_service_pb2_grpc
 from tests.integration.reorg.processes import Process, start_admission, start_sidecar
 from tests.integration.reorg.test_sidecar_restart import MINIBATCHES, PER_MINIBATCH, write_trajectories
@@ -109,3 +114,45 @@ def test_a_sidecar_stalled_mid_minibatch_delivers_all_of_it_after_and_the_rank_w
     assert len(stalls) == 1, stalls
     assert "mini-batch 1 " in stalls[0] and sidecar.ready["address"] in stalls[0], stalls
     assert sorted(taken) == sorted(written)  # the whole mini-batch, each trajectory once, after the stall
+
+
+def _scrape(url: str, name: str) -> float:
+    for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not exported at {url}")
+
+
+def test_the_admission_service_names_the_consumers_that_never_finished_a_step(tmp_path: Path) -> None:
+    """Two backbone ranks; one reports its optimizer step on mini-batch 1 and the other never does: the gauge
+    grows, and the service's log names the one that owes it, once; once it steps, the gauge goes back to 0."""
+    job = f"su{uuid.uuid4().hex[:8]}"
+    store = f"file://{tmp_path / 'units'}"
+    admission = start_admission(
+        tmp_path, job=job, store=store, train_batch_size=PER_MINIBATCH, num_minibatches=1,
+        topology={"backbone": {"dp": 2, "cp": 1, "tp": 1, "max_tokens_per_microbatch": 64}},
+        settings={"unfinished_step_warning_seconds": 1.0,
+                  "server": {"host": "127.0.0.1", "port": 0, "metrics": {"port": 0}}})
+    try:
+        address, metrics = admission.ready["address"], admission.ready["metrics_url"]
+        write_trajectories(store, job, address)
+        gauge = "knittrans_admission_unfinished_step_seconds"
+        assert _scrape(metrics, gauge) == 0.0
+        stepped, owing = ConsumerId(role="backbone", dp_rank=0), ConsumerId(role="backbone", dp_rank=1)
+        with AdmissionClient(address) as client:
+            client.report_progress(stepped, 1, ProgressStage.OPTIMIZER_STEP)
+            deadline = time.monotonic() + 30
+            while "have not reported its optimizer step" not in admission.log.read_text():
+                assert time.monotonic() < deadline, admission.tail()
+                time.sleep(0.2)
+            time.sleep(2.5)  # more ticks of the check: still one warning
+            assert _scrape(metrics, gauge) >= 1.0
+            client.report_progress(owing, 1, ProgressStage.OPTIMIZER_STEP)
+            while _scrape(metrics, gauge) != 0.0:
+                assert time.monotonic() < deadline + 30, admission.tail()
+                time.sleep(0.2)
+        [warning] = [line for line in admission.log.read_text().splitlines() if "optimizer step" in line]
+        assert "mini-batch 1 (train batch 0, mini-batch 0): 1 consumers" in warning, warning
+        assert str(owing) in warning and str(stepped) not in warning, warning
+    finally:
+        assert admission.stop() == 0, admission.tail()

@@ -153,7 +153,7 @@ class MediaSignature(_message.Message):
     def __init__(self, key: _Optional[str] = ..., encoder: _Optional[str] = ..., cost: _Optional[float] = ..., placeholder_length: _Optional[int] = ..., kind: _Optional[int] = ..., content_hash: _Optional[str] = ...) -> None: ...
 
 class AdmittedMiniBatchSnapshot(_message.Message):
-    __slots__ = ("sequence", "admission", "owed_steps", "verified", "verdict", "released", "role_verdicts")
+    __slots__ = ("sequence", "admission", "owed_steps", "verified", "verdict", "released", "role_verdicts", "first_step_at")
     class RoleVerdictsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class AdmittedMiniBatchSnapshot(_message.Message):
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     ROLE_VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_AT_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     admission: _admission_pb2.MiniBatchAdmission
     owed_steps: _containers.RepeatedCompositeFieldContainer[_topology_pb2.ConsumerId]
@@ -175,7 +176,8 @@ class AdmittedMiniBatchSnapshot(_message.Message):
     verdict: _admission_service_pb2.MiniBatchVerdict
     released: bool
     role_verdicts: _containers.ScalarMap[str, _admission_service_pb2.MiniBatchVerdict]
-    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., owed_steps: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verified: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verdict: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ..., released: _Optional[bool] = ..., role_verdicts: _Optional[_Mapping[str, _admission_service_pb2.MiniBatchVerdict]] = ...) -> None: ...
+    first_step_at: float
+    def __init__(self, sequence: _Optional[int] = ..., admission: _Optional[_Union[_admission_pb2.MiniBatchAdmission, _Mapping]] = ..., owed_steps: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verified: _Optional[_Iterable[_Union[_topology_pb2.ConsumerId, _Mapping]]] = ..., verdict: _Optional[_Union[_admission_service_pb2.MiniBatchVerdict, str]] = ..., released: _Optional[bool] = ..., role_verdicts: _Optional[_Mapping[str, _admission_service_pb2.MiniBatchVerdict]] = ..., first_step_at: _Optional[float] = ...) -> None: ...
 
 class ConsumerPosition(_message.Message):
     __slots__ = ("consumer", "sequence")

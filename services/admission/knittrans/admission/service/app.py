@@ -113,6 +113,7 @@ async def _start_holding(settings: AdmissionServiceSettings, held_job: HeldJob) 
         mutation_wait_seconds=settings.mutation_wait_seconds,
         snapshot_every=settings.snapshot_every_records,
         unreported_unit_ttl_seconds=settings.unreported_unit_ttl_seconds,
+        unfinished_step_warning_seconds=settings.unfinished_step_warning_seconds,
     )
     await servicer.recover()
 

@@ -287,6 +287,8 @@ class AdmissionLedger:
         if minibatch is None or consumer not in minibatch.owed_steps:
             return Applied()
         minibatch.owed_steps.discard(consumer)
+        if minibatch.first_step_at is None:
+            minibatch.first_step_at = record.at
         return self._release_due() if minibatch.stepped else Applied()
 
     def _apply_checkpoint(self, record: journal_pb2.JournalRecord) -> Applied:
@@ -525,6 +527,11 @@ class AdmissionLedger:
         block, row = self._locate(trajectory_id)
         start = int(block.columns.response_starts[row]) if response_only else 0
         return int(block.columns.num_tokens[row]) - start
+
+    def unfinished_steps(self) -> list[AdmittedMiniBatch]:
+        """Mini-batches some consumer reported its optimizer step on while others still owe theirs, oldest first:
+        one that stays so is a rank that never finished its step (see docs/failures.md, "A step that never ends")."""
+        return [m for _, m in sorted(self.minibatches.items()) if m.owed_steps and m.first_step_at is not None]
 
     def pending_after(self, after: int) -> list[AdmittedMiniBatch]:
         """The mini-batches with sequence above ``after``, in order (every consumer gets every one)."""

@@ -92,6 +92,11 @@ class AdmissionMetrics:
             "knittrans_admission_failed_minibatches_total",
             "Admitted mini-batches that a consumer could not read or pack (it skipped them).", registry=registry,
         )
+        self.unfinished_step_seconds = Gauge(
+            "knittrans_admission_unfinished_step_seconds",
+            "Seconds since the first consumer reported its optimizer step on the oldest mini-batch that other "
+            "consumers still owe theirs (0: none).", registry=registry,
+        )
         for outcome in REPORT_OUTCOMES:
             self.reports.labels(outcome)
         for reason in DropReason:
@@ -119,6 +124,9 @@ class AdmissionMetrics:
         self.train_batch_index.set(status.train_batch_index)
         self.minibatch_index.set(status.minibatches_admitted)
         self.policy_version.set(ledger.version)
+        unfinished = ledger.unfinished_steps()
+        first_step_at = unfinished[0].first_step_at if unfinished else None
+        self.unfinished_step_seconds.set(0.0 if first_step_at is None else max(0.0, now - first_step_at))
         if ledger.quota_violations > self._violations_exported:
             self.quota_violations.inc(ledger.quota_violations - self._violations_exported)
             self._violations_exported = ledger.quota_violations

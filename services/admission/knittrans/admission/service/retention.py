@@ -51,6 +51,7 @@ class AdmittedMiniBatch:
     released: bool = False  # its units were released
     role_verdicts: dict[str, Verdict] = field(default_factory=dict)  # "role:<name>" -> that trainer role's verdict
     role_dispatches: dict[str, MiniBatchDispatch] = field(default_factory=dict)  # trainer roles' plans, on demand
+    first_step_at: float | None = None  # when the first consumer reported its optimizer step (journal time)
 
     def verdict_of(self, group: str) -> Verdict:
         """The verdict of a verdict group (:mod:`.roles`): "" is the backbone's."""

@@ -45,6 +45,7 @@ from knittrans.admission.service.responses import (
     status_response,
     verdict_response,
 )
+from knittrans.admission.service.unfinished_steps import DEFAULT_UNFINISHED_STEP_WARNING, UnfinishedStepWarnings
 from knittrans.admission.service.wake import WakeTimer
 from knittrans.errors import FailedPrecondition, InvalidArgument, KnitTransError, Unavailable
 from knittrans.types import MAX_ID_LENGTH, ConsumerId, TrajectoryId
@@ -81,10 +82,12 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
         delete_batch_size: int = 1024,
         mutation_wait_seconds: float = DEFAULT_MUTATION_WAIT,
         unreported_unit_ttl_seconds: float = reservation_gc.DEFAULT_UNREPORTED_UNIT_TTL,
+        unfinished_step_warning_seconds: float = DEFAULT_UNFINISHED_STEP_WARNING,
         clock: Callable[[], float] = time.time,
         snapshot_every: int = 0,
     ) -> None:
         self._unit_ttl = unreported_unit_ttl_seconds
+        self._unfinished_steps = UnfinishedStepWarnings(unfinished_step_warning_seconds)
         self._ledger = ledger
         self._journal = journal
         self._metrics = metrics
@@ -513,4 +516,6 @@ class AdmissionServicer(admission_service_pb2_grpc.AdmissionServiceServicer):
             await asyncio.sleep(1.0)
 
     def _refresh_gauges(self) -> None:
-        self._metrics.refresh(self._ledger, now=self._clock())
+        now = self._clock()
+        self._metrics.refresh(self._ledger, now=now)
+        self._unfinished_steps.check(self._ledger, now=now)

@@ -26,7 +26,9 @@ class AdmissionServiceSettings:
     the job's lease in Redis outlives its last renewal: a service of the job that died on another machine is
     replaced at most this long after (see job_lease). ``unreported_unit_ttl_seconds`` is how long a reservation of
     units outlives its trajectory's missing report: then its units are deleted (a rollout that died between
-    writing and reporting; see expiry). ``schema`` is the trajectory schema every report is held to
+    writing and reporting; see expiry). ``unfinished_step_warning_seconds``: a mini-batch that some consumers
+    reported their optimizer step on and others have not, this long after the first, is logged as a warning naming
+    those that owe it (a rank that never finished its step). ``schema`` is the trajectory schema every report is held to
     (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it.
     ``retain_steps`` and ``retain_until_checkpoint`` keep the units of mini-batches every consumer stepped on for
     a job restored from a checkpoint (see retention)."""
@@ -46,6 +48,7 @@ class AdmissionServiceSettings:
     lease_ttl_seconds: float = 20.0
     snapshot_every_records: int = 1000
     unreported_unit_ttl_seconds: float = 600.0
+    unfinished_step_warning_seconds: float = 300.0
     retain_steps: int = 0
     retain_until_checkpoint: bool = False
     server: ServerSettings = field(default_factory=lambda: ServerSettings(port=DEFAULT_PORT))
@@ -63,6 +66,8 @@ class AdmissionServiceSettings:
                 raise InvalidArgument("must be in (0, 3600] seconds", field=name)
         if not 0 < self.unreported_unit_ttl_seconds <= 7 * 86400:
             raise InvalidArgument("must be in (0, 604800] seconds", field="unreported_unit_ttl_seconds")
+        if not 0 < self.unfinished_step_warning_seconds <= 86400:
+            raise InvalidArgument("must be in (0, 86400] seconds", field="unfinished_step_warning_seconds")
         _ = self.retention  # validates retain_steps and retain_until_checkpoint
         if not 0 <= self.snapshot_every_records <= 1_000_000_000:
             raise InvalidArgument("must be in [0, 1000000000] (0: no snapshots)", field="snapshot_every_records")

@@ -113,6 +113,7 @@ def snapshot_of(ledger: AdmissionLedger, sequence: int, stored: StoredFingerprin
             verified=[consumer_to_proto(c) for c in ledger.consumers if c in minibatch.verified],
             verdict=_VERDICT_TO_PROTO[minibatch.verdict], released=minibatch.released,
             role_verdicts={group: _VERDICT_TO_PROTO[v] for group, v in minibatch.role_verdicts.items()},
+            first_step_at=minibatch.first_step_at,
         )
     for trajectory_id, unit in ledger.attachments.items():
         snapshot.attached.add(trajectory_id=trajectory_id, unit=unit)
@@ -188,6 +189,7 @@ def restore_ledger(ledger: AdmissionLedger, snapshot: snapshot_pb2.AdmissionSnap
             verified={consumer_from_proto(c) for c in kept.verified},
             verdict=_VERDICT_FROM_PROTO[kept.verdict], released=kept.released,
             role_verdicts={group: _VERDICT_FROM_PROTO[v] for group, v in sorted(kept.role_verdicts.items())},
+            first_step_at=kept.first_step_at if kept.HasField("first_step_at") else None,
         )
     for attachment in snapshot.attached:  # after the live reports: the index counts the keys as their own
         ledger.attachments.record(TrajectoryId(attachment.trajectory_id), attachment.unit)
