@@ -2,6 +2,8 @@
 
 - the admission service's gauge of the oldest unfinished optimizer step, and its one warning naming the consumer
   that owes it;
+- an admission service SIGSTOPped past every client deadline while a rank is partway through a mini-batch: after
+  SIGCONT nothing is lost or repeated, and every mini-batch is released;
 - ``kill -USR1`` on the admission service and on a sidecar writes every thread's stack to the process's log, and
   both go on serving;
 - a trainer rank whose sidecar is SIGSTOPped partway through a mini-batch, past the deadline of the rank's release
@@ -156,3 +158,48 @@ def test_the_admission_service_names_the_consumers_that_never_finished_a_step(tm
         assert str(owing) in warning and str(stepped) not in warning, warning
     finally:
         assert admission.stop() == 0, admission.tail()
+
+
+def test_an_admission_service_stopped_past_every_deadline_mid_job_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """SIGSTOP on the admission service for 12 s (past the SDK's 10 s call deadline and the sidecar's verdict
+    polls) while the rank is partway through mini-batch 2 of 4: the sidecar's verification, verdict wait and
+    acknowledgements and the rank's optimizer-step report all meet a stopped service. After SIGCONT the rank gets
+    every mini-batch once, in order, whole, and the service releases all four."""
+    job = f"sa{uuid.uuid4().hex[:8]}"
+    store = f"file://{tmp_path / 'units'}"
+    admission = start_admission(tmp_path, job=job, store=store, train_batch_size=PER_MINIBATCH, num_minibatches=1,
+                                topology={"backbone": {"dp": 1, "cp": 1, "tp": 1, "max_tokens_per_microbatch": 64}})
+    address = admission.ready["address"]
+    processes = [admission]
+    try:
+        sidecar = start_sidecar(tmp_path, job=job, store=store, admission=address, dp_rank=0, cp_rank=0, slots=1)
+        processes.append(sidecar)
+        written = write_trajectories(store, job, address)
+        settings = TrainerSettings(sidecar=sidecar.ready["address"], admission=ConnectionSettings(target=address),
+                                   prefetch=1, poll_seconds=1.0, sidecar_timeout_seconds=60.0,
+                                   wait_timeout_seconds=60.0)
+        steps: list[tuple[int, list[str]]] = []
+        with TrainerClient(settings) as trainer:
+            minibatches = trainer.mini_batches()
+            for _ in range(MINIBATCHES):
+                mini = next(minibatches)
+                ids: list[str] = []
+                for micro in mini:
+                    ids.extend(micro.trajectory_ids)
+                    if mini.sequence == 2 and len(ids) == 1:
+                        admission.signal(signal.SIGSTOP)
+                        threading.Timer(12.0, admission.signal, (signal.SIGCONT,)).start()
+                steps.append((mini.sequence, ids))
+                mini.complete()
+        with AdmissionClient(address) as client:
+            deadline = time.monotonic() + 30
+            while client.status().released_minibatches < MINIBATCHES:
+                assert time.monotonic() < deadline, admission.tail()
+                time.sleep(0.2)
+    finally:
+        for process in reversed(processes):
+            process.signal(signal.SIGCONT)
+            process.stop()
+    assert [sequence for sequence, _ in steps] == list(range(1, MINIBATCHES + 1))
+    assert all(len(ids) == PER_MINIBATCH for _, ids in steps), steps
+    assert sorted(i for _, ids in steps for i in ids) == sorted(written)
