@@ -465,7 +465,7 @@ class Prefetcher:
         micro-batch forever, with nothing logged. A repeated release is a no-op; a successor sidecar (another
         incarnation) ignores it. Once stopping, the call is made once."""
         settings = self._settings
-        failing = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds), start_now=False)
+        failing: Backoff | None = None  # made at the first failure: nearly every release is answered at once
         warned = False
         while True:
             try:
@@ -478,6 +478,8 @@ class Prefetcher:
                     logger.warning("reorg sidecar %s refused the release of ticket %d: %s %s", settings.target,
                                    request.ticket, error.code().name, error.details())
                     return
+                if failing is None:
+                    failing = Backoff(replace(SIDECAR_RETRY, deadline=settings.sidecar_timeout_seconds))
                 delay = failing.next_delay()
                 if delay is None:  # still trying: the prefetch thread raises if the sidecar stays unreachable
                     if not warned:
