@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from transfer_accounting import describe
-from transfer_knittrans import KnitTransClusters
+from transfer_knittrans import STEP_TIMEOUT_S, KnitTransClusters
 from transfer_plot import plot_transfer
 from transfer_roles import ReferenceTopology, RolesClusters, summarise_roles
 from transfer_tq import DEFAULT_VENV, TransferQueueSession
@@ -200,6 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the reference's micro-batch budget in tokens (default: twice the actor's)")
     parser.add_argument("--roles-passes", type=int, default=2,
                         help="passes of the multi-role arm's second variant (default 2; 1: no second variant)")
+    parser.add_argument("--step-timeout-s", type=float, default=STEP_TIMEOUT_S,
+                        help="a KnitTrans step not ended after this long is stalled: every process's stacks are "
+                             "dumped (the services' to the cluster's logs, kept) and the run fails "
+                             "(default %(default)g)")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the KnitTrans clusters' run directories (logs, configs) in the temporary "
                              "directory; by default they are kept only when the run did not finish")
@@ -223,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--roles-reference-dp and --roles-passes must be >= 1, and --roles-reference-tokens at least "
                      "the longest trajectory (the reference holds whole sequences)")
 
+    if not arguments.step_timeout_s > 0:
+        parser.error("--step-timeout-s must be positive")
     document: dict[str, Any] = {"benchmark": "transfer: one RL step, TransferQueue vs KnitTrans, on one clock",
                                 "workload": describe(build_workload(config)), "repeats": arguments.repeats,
                                 "warmup_steps": arguments.warmup_steps, "measured_steps": steps}
@@ -257,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         arm[0], variants, warmup_steps=arguments.warmup_steps, steps=steps)]
                     continue
                 else:
-                    record = clusters.run(arm[0], arm[1], warmup_steps=arguments.warmup_steps, steps=steps)
+                    record = clusters.run(arm[0], arm[1], warmup_steps=arguments.warmup_steps, steps=steps,
+                                          step_timeout_s=arguments.step_timeout_s)
                 records.append({**record, "repeat": repeat})
                 run[record["arm"]] = figures(record)
             runs.append({"repeat": repeat, "arms": run, "ratios": ratios(run, stores)})

@@ -75,6 +75,7 @@ from knittrans.types import TokenSpan, TrajectoryMeta, VersionSegment
 logger = logging.getLogger("transfer_knittrans")
 
 SETTLE_BEFORE_COLD_STEP_S = 0.5
+STEP_TIMEOUT_S = 600.0  # a step that has not ended by then is stalled: every process's stacks are dumped
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -332,8 +333,8 @@ def _moved(cluster: Cluster, before: dict[Consumer, Any]) -> tuple[int, int, int
 
 
 def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_step: int, warmup_steps: int,
-            steps: int, prefetch: int, report_ahead: bool = False, whole_report_cold_step: bool = False
-            ) -> dict[str, Any]:
+            steps: int, prefetch: int, report_ahead: bool = False, whole_report_cold_step: bool = False,
+            step_timeout_s: float = STEP_TIMEOUT_S) -> dict[str, Any]:
     """Warm-up steps, then ``steps`` measured ones; the first measured step is cold. With
     ``whole_report_cold_step`` one more cold step follows it, its whole step reported inside its clock. With
     ``report_ahead`` every later step is reported as soon as the one before it was (the steady state; see the
@@ -406,25 +407,26 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
             def wait_first_microbatch(step: int) -> None:
                 """Until every group holds micro-batch 0 of ``step`` (a group that failed has its error in
                 ``results`` instead, raised below once the step's records are collected)."""
-                deadline = time.monotonic() + 600
+                deadline = time.monotonic() + step_timeout_s
                 while held.get(step, 0) < config.dp:
                     try:
-                        held_step, _ = sync.first_microbatch_held.get(timeout=5)
+                        held_step, _ = sync.first_microbatch_held.get(timeout=min(5.0, step_timeout_s))
                     except queue.Empty:
                         if not all(process.is_alive() for process in processes):
                             return
                         if time.monotonic() > deadline:
-                            raise stalled(f"{arm}: step {step}'s micro-batch 0 not held after 600 s") from None
+                            raise stalled(f"{arm}: step {step}'s micro-batch 0 not held after {step_timeout_s:g} s"
+                                          ) from None
                         continue
                     held[held_step] = held.get(held_step, 0) + 1
 
             def next_record(step: int) -> dict[str, Any]:
                 """The next group's record; a group that died without one (killed, or its interpreter gone) ends
-                the arm at once, naming it, rather than after the 600 s a slow step may take."""
-                deadline = time.monotonic() + 600
+                the arm at once, naming it, rather than after the ``step_timeout_s`` a slow step may take."""
+                deadline = time.monotonic() + step_timeout_s
                 while True:
                     try:
-                        return results.get(timeout=5)
+                        return results.get(timeout=min(5.0, step_timeout_s))
                     except queue.Empty:
                         # A group that ended cleanly has sent every record of its steps before it ended.
                         dead = [f"{process.name} (exit code {process.exitcode})" for process in processes
@@ -433,7 +435,7 @@ def run_arm(cluster: Cluster, workload: Workload, mode: DeliveryMode, *, first_s
                             raise RuntimeError(f"{arm}: step {step}: {', '.join(dead)} ended without "
                                                "a record") from None
                         if time.monotonic() > deadline:
-                            raise stalled(f"{arm}: step {step} not done after 600 s") from None
+                            raise stalled(f"{arm}: step {step} not done after {step_timeout_s:g} s") from None
 
             for step in range(total):
                 if step == warmup_steps:
@@ -562,10 +564,10 @@ class KnitTransClusters:
             raise
 
     def run(self, store: str, mode: DeliveryMode, *, warmup_steps: int, steps: int,
-            report_ahead: bool = True) -> dict[str, Any]:
+            report_ahead: bool = True, step_timeout_s: float = STEP_TIMEOUT_S) -> dict[str, Any]:
         report = run_arm(self._clusters[store], self._workload, mode, first_step=self._next_step[store],
                          warmup_steps=warmup_steps, steps=steps, prefetch=self._prefetch, report_ahead=report_ahead,
-                         whole_report_cold_step=True)
+                         whole_report_cold_step=True, step_timeout_s=step_timeout_s)
         self._next_step[store] += report["steps_run"]
         report.update({"arm": f"knittrans-{mode.value}-{store}", "store": store, "medium": STORE_MEDIA[store]})
         return report

@@ -10,6 +10,7 @@ leaves no run directory behind (each left its logs and configs in the temporary 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,3 +58,29 @@ def test_the_transfer_benchmark_runs_both_knittrans_arms_with_both_cold_clocks(t
         assert 0 < cpu["busy_fraction_of_cpus"] <= 1.1  # no more CPU than the machine had in the window
     assert document["knittrans"]["stores"]["file"]["logs"] is None
     assert _run_directories() <= before
+
+
+def test_a_step_past_its_timeout_dumps_every_processs_stacks_and_keeps_the_logs() -> None:
+    """A step timeout shorter than a step stands in for a hang: the run fails naming the stall and the cluster's
+    log directory, kept, where the admission service and every sidecar wrote their threads' stacks (SIGUSR1); the
+    DP groups wrote theirs to the benchmark's stderr."""
+    before = _run_directories()
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "transfer.py"), "--smoke", "--skip-transferqueue", "--store",
+         "file", "--no-roles-arm", "--steps", "2", "--step-timeout-s", "0.01"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    kept = _run_directories() - before
+    try:
+        assert result.returncode != 0
+        assert " s; every process's stacks were dumped" in result.stderr, result.stderr[-3000:]
+        [directory] = kept
+        assert str(directory) in result.stderr
+        logs = {path.name: path.read_text() for path in directory.glob("*.log")}
+        assert "admission.log" in logs and any(name.startswith("backbone") for name in logs), sorted(logs)
+        assert any(name.startswith("encoder") for name in logs), sorted(logs)
+        for name, text in logs.items():  # the admission service and every sidecar: nothing else logs here
+            assert "Current thread" in text or "Thread 0x" in text, name
+        assert result.stderr.count("Thread 0x") >= 2  # the DP groups' threads
+    finally:
+        for directory in kept:
+            shutil.rmtree(directory, ignore_errors=True)
