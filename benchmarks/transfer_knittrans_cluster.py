@@ -120,17 +120,21 @@ class Cluster:
                     reorg_service_pb2.GetReorgStatusRequest(), timeout=10)
         return result
 
+    def _sidecar_processes(self) -> list[Process]:
+        """Each sidecar process once (one process may host several consumers)."""
+        return list({id(p): p for p in self.sidecars.values()}.values())
+
     def dump_stacks(self) -> None:
         """Have the admission service and every sidecar write their threads' stacks to their logs (see
         docs/failures.md, "A step that never ends"), for a step that never ended."""
-        for process in [self.admission, *{id(p): p for p in self.sidecars.values()}.values()]:
+        for process in [self.admission, *self._sidecar_processes()]:
             if process.popen.poll() is None:
                 os.kill(process.popen.pid, STACK_DUMP_SIGNAL)
 
     def stop(self, *, keep_logs: bool = True) -> list[str]:
         """Stop everything; returns the shared-memory segments the sidecars left (should be none). Without
         ``keep_logs`` the run directory (configs, ready files, logs) goes too."""
-        for process in {id(p): p for p in self.sidecars.values()}.values():
+        for process in self._sidecar_processes():
             process.stop()
         self.admission.stop()
         left = list_segments(f"knittrans-{self.job}-")

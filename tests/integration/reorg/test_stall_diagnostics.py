@@ -93,9 +93,9 @@ def test_a_sidecar_stalled_mid_minibatch_delivers_all_of_it_after_and_the_rank_w
         processes.append(sidecar)
         settings = TrainerSettings(sidecar=sidecar.ready["address"], admission=ConnectionSettings(target=address),
                                    prefetch=1, poll_seconds=1.0, sidecar_timeout_seconds=60.0,
-                                   stall_warning_seconds=1.0, wait_timeout_seconds=30.0)
-        # Rollout takes 2.5 s: the rank waits that long for micro-batch 0, between mini-batches, and must not warn.
-        rollout = threading.Timer(2.5, lambda: written.update(write_trajectories(store, job, address)))
+                                   stall_warning_seconds=2.0, wait_timeout_seconds=30.0)
+        # Rollout takes 3 s: the rank waits that long for micro-batch 0, between mini-batches, and must not warn.
+        rollout = threading.Timer(3.0, lambda: written.update(write_trajectories(store, job, address)))
         with caplog.at_level(logging.WARNING, logger="knittrans.trainer"), TrainerClient(settings) as trainer:
             rollout.start()
             taken: list[str] = []
@@ -103,10 +103,11 @@ def test_a_sidecar_stalled_mid_minibatch_delivers_all_of_it_after_and_the_rank_w
                 taken.extend(micro.trajectory_ids)
                 if len(taken) == 1:
                     # Stopped before the rank lets go of micro-batch 0: its release meets a stopped sidecar and
-                    # times out (poll_seconds 1 s) until the sidecar runs again, 4.5 s later.
+                    # times out (poll_seconds 1 s) until the sidecar runs again, 6.5 s later; the rank waits about
+                    # 4 s of it, twice the warning's 2 s, so that no other wait under load comes near it.
                     sidecar.signal(signal.SIGSTOP)
-                    time.sleep(1.5)  # computing for longer than the warning's 1 s: not a stall either
-                    threading.Timer(3.0, sidecar.signal, (signal.SIGCONT,)).start()
+                    time.sleep(2.5)  # computing for longer than the warning's 2 s: not a stall either
+                    threading.Timer(4.0, sidecar.signal, (signal.SIGCONT,)).start()
         rollout.join()
         stalls = [r.getMessage() for r in caplog.records if "micro-batch of mini-batch" in r.getMessage()]
     finally:

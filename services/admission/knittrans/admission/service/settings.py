@@ -28,8 +28,8 @@ class AdmissionServiceSettings:
     units outlives its trajectory's missing report: then its units are deleted (a rollout that died between
     writing and reporting; see expiry). ``unfinished_step_warning_seconds``: a mini-batch that some consumers
     reported their optimizer step on and others have not, this long after the first, is logged as a warning naming
-    those that owe it (a rank that never finished its step). ``schema`` is the trajectory schema every report is held to
-    (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it.
+    those that owe it (a rank that never finished its step). ``schema`` is the trajectory schema every report is
+    held to (:mod:`knittrans.trajectory_schema`); without one, the job's first accepted trajectory fixes it.
     ``retain_steps`` and ``retain_until_checkpoint`` keep the units of mini-batches every consumer stepped on for
     a job restored from a checkpoint (see retention)."""
 
